@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Set up a virtual environment in .venv with everything ttsbench needs.
+#   scripts/setup.sh          harness + reference server (CPU torch)
+#   scripts/setup.sh --test   everything the test suite needs as well (system packages, reference
+#                             implementation for parity tests, offline quality models)
+# Idempotent: re-running skips what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_test=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) want_test=1 ;;
+    *) echo "unknown option: $arg" >&2; exit 2 ;;
+  esac
+done
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+pip=".venv/bin/pip"
+# torch first, pinned to the local CPU build, so the 'serve' extra does not pull CUDA packages.
+.venv/bin/python -c "import torch" 2>/dev/null || $pip install -q "torch==2.13.0"
+extras="serve,report"
+[ "$want_test" = 1 ] && extras="$extras,dev"
+$pip install -q -e ".[${extras}]"
+
+if [ "$want_test" = 1 ]; then
+  : # test-only steps are added below
+fi

@@ -1,0 +1,1 @@
+"""Reference serving stack for Qwen3-TTS 12Hz. Never imports the harness (ttsbench)."""

@@ -1,0 +1,1 @@
+"""OpenAI- and vllm-omni-compatible HTTP API over the engine."""

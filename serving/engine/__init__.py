@@ -1,0 +1,1 @@
+"""Two-stage engine: talker + code predictor with continuous batching, then the codec decoder."""
