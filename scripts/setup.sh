@@ -24,4 +24,9 @@ $pip install -q -e ".[${extras}]"
 
 if [ "$want_test" = 1 ]; then
   : # test-only steps are added below
+  # espeak-ng + sox: real speech for quality tests and datasets/voices/make_voices.sh.
+  if ! command -v espeak-ng >/dev/null || ! command -v sox >/dev/null; then
+    sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
+    $sudo_cmd apt-get install -y -q espeak-ng sox || { $sudo_cmd apt-get update -q && $sudo_cmd apt-get install -y -q espeak-ng sox; }
+  fi
 fi
