@@ -24,6 +24,8 @@ $pip install -q -e ".[${extras}]"
 
 if [ "$want_test" = 1 ]; then
   : # test-only steps are added below
+  # The official qwen-tts in its own venv (.venv-ref), the reference for tests/parity/.
+  bash scripts/make_reference_env.sh
   # espeak-ng + sox: real speech for quality tests and datasets/voices/make_voices.sh.
   if ! command -v espeak-ng >/dev/null || ! command -v sox >/dev/null; then
     sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
