@@ -1,0 +1,499 @@
+"""12 Hz codec decoder: 16 codes per frame -> 1920 waveform samples at 24 kHz.
+
+Pipeline (shapes for the released codec, B requests, T frames):
+  codes (B, T, 16) -> split RVQ (1 semantic + 15 acoustic codebooks, 256 wide, projected to 512) (B, 512, T)
+  -> causal conv k3 (B, 1024, T) -> transformer (sliding window 72, LayerScale) (B, 1024, T)
+  -> 2 x [causal ConvTranspose x2 + ConvNeXt] (B, 1024, 4T) -> causal conv k7 (B, 1536, 4T)
+  -> 4 x [SnakeBeta, causal ConvTranspose x r, 3 residual units] for r = 8, 5, 4, 3 (B, 96, 1920T)
+  -> SnakeBeta, causal conv k7, clamp(-1, 1) -> (B, 1920T)
+
+Everything is causal, so the samples of a frame depend only on that frame and earlier ones. Streaming decodes
+a chunk of new frames together with some already-decoded frames before it (left context) and keeps only the
+new samples. Requests in one batch may have different amounts of context: rows are left-padded to a common
+length and `left_pad` says how many leading frames of each row are padding; padded positions are zeroed before
+every convolution and masked out of attention, so a padded row decodes exactly as it would alone. Shapes depend
+only on (B, T), never on the data, so a forward can be captured as a CUDA graph per (batch, frames) bucket.
+
+Parameter names equal the official Qwen3TTSTokenizerV2Decoder's ("decoder." in speech_tokenizer/model.safetensors).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from serving.model.codec_config import CodecDecoderConfig
+
+
+def _masked(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Zero the left-padding positions of a (B, C, L) tensor; keep is (B, 1, L) or None (no padding)."""
+    return x if keep is None else x * keep
+
+
+class CausalConv1d(nn.Module):
+    """Conv1d padded on the left only (stride 1 throughout the decoder), so output t sees inputs <= t."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, groups: int = 1):
+        super().__init__()
+        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
+        self.left_pad = (kernel_size - 1) * dilation
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        return self.conv(F.pad(_masked(x, keep), (self.left_pad, 0)))
+
+
+class CausalConvTranspose1d(nn.Module):
+    """ConvTranspose1d (kernel k, stride s) with the k - s overhanging samples cut on the right: T -> s*T."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int):
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
+        self.right_trim = kernel_size - stride
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.conv(_masked(x, keep))
+        return y[..., : y.shape[-1] - self.right_trim] if self.right_trim else y
+
+
+class SnakeBeta(nn.Module):
+    """x + sin^2(x * e^alpha) / e^beta per channel (alpha, beta stored as logs)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha = torch.exp(self.alpha)[None, :, None]
+        beta = torch.exp(self.beta)[None, :, None]
+        return x + (1.0 / (beta + 1e-9)) * torch.pow(torch.sin(x * alpha), 2)
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, kernel_size=7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(1e-6 * torch.ones(dim))
+
+    def forward(self, x_bct: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        h_btc = self.dwconv(x_bct, keep).permute(0, 2, 1)
+        h_btc = self.pwconv2(F.gelu(self.pwconv1(self.norm(h_btc))))
+        return x_bct + (self.gamma * h_btc).permute(0, 2, 1)
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int):
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv1d(dim, dim, kernel_size=7, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv1d(dim, dim, kernel_size=1)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        return x + self.conv2(self.act2(self.conv1(self.act1(x), keep)), keep)
+
+
+class DecoderBlock(nn.Module):
+    """SnakeBeta, upsample x rate (channels halve), three residual units (dilations 1, 3, 9)."""
+
+    def __init__(self, in_dim: int, out_dim: int, rate: int):
+        super().__init__()
+        self.block = nn.ModuleList(
+            [SnakeBeta(in_dim), CausalConvTranspose1d(in_dim, out_dim, 2 * rate, rate)]
+            + [ResidualUnit(out_dim, d) for d in (1, 3, 9)]
+        )
+        self.rate = rate
+
+    def forward(self, x: torch.Tensor, keep_in: torch.Tensor | None, keep_out: torch.Tensor | None) -> torch.Tensor:
+        x = self.block[1](self.block[0](x), keep_in)
+        for unit in self.block[2:]:
+            x = unit(x, keep_out)
+        return x
+
+
+# --- split residual vector quantizer (decode side only) -------------------------------------------------------
+
+
+class Codebook(nn.Module):
+    """Stored as running sums (training-time EMA state); the vectors are embedding_sum / cluster_usage."""
+
+    def __init__(self, codebook_size: int, dim: int):
+        super().__init__()
+        self.cluster_usage = nn.Parameter(torch.ones(codebook_size))
+        self.embedding_sum = nn.Parameter(torch.zeros(codebook_size, dim))
+
+    def lookup(self, codes_bt: torch.Tensor) -> torch.Tensor:
+        # Gather then divide: the same per-element quotient as dividing the whole table first, 2048x cheaper.
+        usage = self.cluster_usage.clamp(min=1e-5)
+        return F.embedding(codes_bt, self.embedding_sum) / usage[codes_bt].unsqueeze(-1)
+
+
+class _CodebookHolder(nn.Module):
+    """Gives the official key path `...layers.N._codebook.*`."""
+
+    def __init__(self, codebook_size: int, dim: int):
+        super().__init__()
+        self._codebook = Codebook(codebook_size, dim)
+
+
+class _LayerList(nn.Module):
+    """Gives the official key path `...vq.layers.N`."""
+
+    def __init__(self, num_quantizers: int, codebook_size: int, dim: int):
+        super().__init__()
+        self.layers = nn.ModuleList([_CodebookHolder(codebook_size, dim) for _ in range(num_quantizers)])
+
+
+class ResidualVectorQuantizer(nn.Module):
+    """Sum of the chosen vectors of each codebook, then a 1x1 projection to the decoder width.
+
+    input_proj is only used when encoding (training); it is kept so the checkpoint loads strictly.
+    """
+
+    def __init__(self, num_quantizers: int, codebook_size: int, dim: int, io_dim: int):
+        super().__init__()
+        self.input_proj = nn.Conv1d(io_dim, dim, 1, bias=False)
+        self.output_proj = nn.Conv1d(dim, io_dim, 1, bias=False)
+        self.vq = _LayerList(num_quantizers, codebook_size, dim)
+
+    def decode(self, codes_btq: torch.Tensor) -> torch.Tensor:
+        summed_btd = None
+        for q, holder in enumerate(self.vq.layers):
+            vectors_btd = holder._codebook.lookup(codes_btq[:, :, q])
+            summed_btd = vectors_btd if summed_btd is None else summed_btd + vectors_btd
+        return self.output_proj(summed_btd.transpose(1, 2))
+
+
+class SplitResidualVectorQuantizer(nn.Module):
+    """Codebook 0 (semantic) and codebooks 1..15 (acoustic) have their own projections; outputs add."""
+
+    def __init__(self, config: CodecDecoderConfig):
+        super().__init__()
+        dim = config.codebook_dim // 2
+        self.rvq_first = ResidualVectorQuantizer(1, config.codebook_size, dim, config.codebook_dim)
+        self.rvq_rest = ResidualVectorQuantizer(config.num_quantizers - 1, config.codebook_size, dim, config.codebook_dim)
+
+    def decode(self, codes_btq: torch.Tensor) -> torch.Tensor:
+        return self.rvq_first.decode(codes_btq[:, :, :1]) + self.rvq_rest.decode(codes_btq[:, :, 1:])
+
+
+# --- transformer ------------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int, initial_scale: float):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), initial_scale))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: CodecDecoderConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def forward(self, x_btc: torch.Tensor, cos_tk: torch.Tensor, sin_tk: torch.Tensor,
+                allowed_b1tt: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x_btc.shape
+        q = self.q_proj(x_btc).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x_btc).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x_btc).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos_tk + _rotate_half(q) * sin_tk
+        k = k * cos_tk + _rotate_half(k) * sin_tk
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_b1tt,
+                                             enable_gqa=self.num_kv_heads != self.num_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: CodecDecoderConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, config: CodecDecoderConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn_layer_scale = LayerScale(config.hidden_size, config.layer_scale_initial_scale)
+        self.mlp_layer_scale = LayerScale(config.hidden_size, config.layer_scale_initial_scale)
+
+    def forward(self, x, cos_tk, sin_tk, allowed_b1tt):
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos_tk, sin_tk, allowed_b1tt))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+
+class Transformer(nn.Module):
+    """latent (1024) -> hidden (512) -> layers with a causal sliding window -> norm -> latent."""
+
+    def __init__(self, config: CodecDecoderConfig):
+        super().__init__()
+        self.config = config
+        self.input_proj = nn.Linear(config.latent_dim, config.hidden_size)
+        self.layers = nn.ModuleList([TransformerLayer(config) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.output_proj = nn.Linear(config.hidden_size, config.latent_dim)
+        inv_freq = 1.0 / (config.rope_theta ** (
+            torch.arange(0, config.head_dim, 2, dtype=torch.int64).float() / config.head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def rope(self, num_frames: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(num_frames, device=device, dtype=torch.float32)
+        freqs_tk = torch.outer(positions, self.inv_freq.float())
+        emb_tk = torch.cat((freqs_tk, freqs_tk), dim=-1)
+        return emb_tk.cos().to(dtype), emb_tk.sin().to(dtype)
+
+    def attention_mask(self, num_frames: int, keep_bt: torch.Tensor | None, device) -> torch.Tensor:
+        """(B or 1, 1, T, T) bool: causal, within the window, key not padding (a query always sees itself,
+        so padded rows stay finite)."""
+        idx = torch.arange(num_frames, device=device)
+        distance_tt = idx[:, None] - idx[None, :]
+        allowed_tt = (distance_tt >= 0) & (distance_tt < self.config.sliding_window)
+        if keep_bt is None:
+            return allowed_tt[None, None]
+        allowed_btt = allowed_tt[None] & keep_bt[:, None, :]
+        return (allowed_btt | (distance_tt == 0)[None])[:, None]
+
+    def forward(self, x_btc: torch.Tensor, keep_bt: torch.Tensor | None = None) -> torch.Tensor:
+        t = x_btc.shape[1]
+        h = self.input_proj(x_btc)
+        cos_tk, sin_tk = self.rope(t, h.device, h.dtype)
+        allowed = self.attention_mask(t, keep_bt, h.device)
+        for layer in self.layers:
+            h = layer(h, cos_tk, sin_tk, allowed)
+        return self.output_proj(self.norm(h))
+
+
+# --- the decoder -------------------------------------------------------------------------------------------------
+
+
+class CodecDecoder(nn.Module):
+    def __init__(self, config: CodecDecoderConfig):
+        super().__init__()
+        self.config = config
+        self.samples_per_frame = config.total_upsample
+        self.pre_transformer = Transformer(config)
+        self.quantizer = SplitResidualVectorQuantizer(config)
+        self.pre_conv = CausalConv1d(config.codebook_dim, config.latent_dim, kernel_size=3)
+        self.upsample = nn.ModuleList(
+            nn.ModuleList([CausalConvTranspose1d(config.latent_dim, config.latent_dim, r, r),
+                           ConvNeXtBlock(config.latent_dim)])
+            for r in config.upsampling_ratios
+        )
+        dims = [config.decoder_dim // 2 ** i for i in range(len(config.upsample_rates) + 1)]
+        self.decoder = nn.ModuleList(
+            [CausalConv1d(config.latent_dim, config.decoder_dim, 7)]
+            + [DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(config.upsample_rates)]
+            + [SnakeBeta(dims[-1]), CausalConv1d(dims[-1], 1, 7)]
+        )
+
+    @property
+    def receptive_field_frames(self) -> int:
+        """An upper bound on how many earlier frames can influence a frame's samples (580 for the released
+        codec, 8 x 71 of them through the transformer). A chunk decoded with at least this much left context (or all earlier
+        frames) equals the one-shot decode; the usual 72-frame context is an approximation for deeper layers."""
+        cfg = self.config
+        span = 6  # final conv, kernel 7, at the sample rate
+        for rate in reversed(cfg.upsample_rates):
+            span += 6 * (1 + 3 + 9)  # residual units: kernel 7, dilations 1, 3, 9
+            span = math.ceil(span / rate) + 1  # transposed conv, kernel 2r over stride r, reaches one input back
+        span += 6  # decoder[0], kernel 7
+        for ratio in reversed(cfg.upsampling_ratios):
+            span += 6  # ConvNeXt depthwise conv, kernel 7
+            span = math.ceil(span / ratio)  # transposed conv, kernel = stride
+        span += cfg.num_hidden_layers * (cfg.sliding_window - 1)
+        return span + 2  # pre_conv, kernel 3
+
+    def forward(self, codes_btq: torch.Tensor, left_pad_b: torch.Tensor | None = None) -> torch.Tensor:
+        """codes (B, T, num_quantizers) int64 in [0, codebook_size) -> waveform (B, T * samples_per_frame).
+
+        left_pad_b (B,) int: leading frames of each row that are padding (None: no padding). The samples of
+        padded frames are meaningless; the others equal those of the row decoded alone without its padding.
+        """
+        b, t, _ = codes_btq.shape
+        keep_bt = None
+        if left_pad_b is not None:
+            keep_bt = torch.arange(t, device=codes_btq.device)[None, :] >= left_pad_b.to(codes_btq.device)[:, None]
+
+        def keep_at(factor: int) -> torch.Tensor | None:
+            if keep_bt is None:
+                return None
+            return keep_bt.to(self.pre_conv.conv.weight.dtype).repeat_interleave(factor, dim=1)[:, None, :]
+
+        h = self.quantizer.decode(codes_btq)                                   # (B, codebook_dim, T)
+        h = self.pre_conv(h, keep_at(1)).transpose(1, 2)                        # (B, T, latent)
+        h = self.pre_transformer(h, keep_bt).transpose(1, 2)                     # (B, latent, T)
+        factor = 1
+        for trans_conv, convnext in self.upsample:
+            h = trans_conv(h, keep_at(factor))
+            factor *= trans_conv.conv.stride[0]
+            h = convnext(h, keep_at(factor))
+        h = self.decoder[0](h, keep_at(factor))
+        for block in self.decoder[1:-2]:
+            h = block(h, keep_at(factor), keep_at(factor * block.rate))
+            factor *= block.rate
+        wav = self.decoder[-1](self.decoder[-2](h), keep_at(factor))
+        return wav.clamp(min=-1, max=1)[:, 0, :]
+
+    def decode_chunk(self, codes_btq: torch.Tensor, context_frames: int | torch.Tensor) -> torch.Tensor:
+        """Streaming step: decode frames that follow already-decoded ones, return only the new samples.
+
+        codes (B, T, Q): each row is [left padding | context frames | new frames], all rows with the same number
+        of new frames N = T - max(context). context_frames: int (same for all rows) or (B,) ints <= T.
+        Returns (B, N * samples_per_frame). Decoding with all earlier frames as context gives exactly the
+        one-shot samples, and so does any context >= receptive_field_frames; a shorter one (e.g. the usual 72
+        frames) truncates the history that the deeper transformer layers see, an approximation.
+        """
+        b, t, _ = codes_btq.shape
+        if isinstance(context_frames, int):
+            left_pad_b = None
+            max_context = context_frames
+        else:
+            context_b = context_frames.to(device=codes_btq.device, dtype=torch.long)
+            max_context = int(context_b.max())
+            left_pad_b = max_context - context_b
+        if not 0 <= max_context < t:
+            raise ValueError(f"context of {max_context} frames leaves no new frames in a chunk of {t}")
+        wav = self.forward(codes_btq, left_pad_b)
+        return wav[:, max_context * self.samples_per_frame:]
+
+    def check_codes(self, codes_btq: torch.Tensor) -> None:
+        """Clear errors for codes the tables cannot hold (on CUDA an out-of-range index is a device assert)."""
+        if codes_btq.dim() != 3 or codes_btq.shape[-1] != self.config.num_quantizers:
+            raise ValueError(f"codes must be (batch, frames, {self.config.num_quantizers}), got {tuple(codes_btq.shape)}")
+        if codes_btq.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"codes must be integers, got {codes_btq.dtype}")
+        if codes_btq.numel() and (int(codes_btq.min()) < 0 or int(codes_btq.max()) >= self.config.codebook_size):
+            raise ValueError(f"codes must lie in [0, {self.config.codebook_size}), got "
+                             f"[{int(codes_btq.min())}, {int(codes_btq.max())}]")
+
+    @torch.inference_mode()
+    def decode(self, codes_btq: torch.Tensor, lengths_b: list[int] | None = None,
+               chunk_frames: int = 300, left_context_frames: int = 25) -> list[torch.Tensor]:
+        """Offline decode with the official semantics: windows of 300 frames, each re-decoding the 25 frames
+        before it; one window (a plain one-shot decode) for up to 300 frames. Rows may be right-padded:
+        lengths_b gives each row's frame count. Returns one 1-D waveform per row, lengths * 1920 samples."""
+        self.check_codes(codes_btq)
+        b, t, _ = codes_btq.shape
+        lengths_b = [t] * b if lengths_b is None else list(lengths_b)
+        if len(lengths_b) != b or any(not 0 <= n <= t for n in lengths_b):
+            raise ValueError(f"lengths {lengths_b} do not fit codes of shape {tuple(codes_btq.shape)}")
+        pieces = []
+        for start in range(0, t, chunk_frames):
+            end = min(start + chunk_frames, t)
+            context = min(left_context_frames, start)
+            pieces.append(self.decode_chunk(codes_btq[:, start - context:end], context))
+        wav_bs = torch.cat(pieces, dim=1) if pieces else codes_btq.new_zeros((b, 0), dtype=torch.float32)
+        return [wav_bs[i, : n * self.samples_per_frame] for i, n in enumerate(lengths_b)]
+
+
+def chunk_schedule(num_frames: int, first_chunk_frames: int = 4, chunk_frames: int = 25,
+                   left_context_frames: int = 72) -> list[tuple[int, int, int]]:
+    """Streaming plan over num_frames: (context_start, start, end) per chunk, frames [start, end) new and
+    [context_start, start) re-decoded as context. A small first chunk gets the first audio out early."""
+    if min(first_chunk_frames, chunk_frames) < 1 or left_context_frames < 0:
+        raise ValueError("chunk sizes must be >= 1 and the left context >= 0")
+    plan, start = [], 0
+    while start < num_frames:
+        end = min(start + (first_chunk_frames if start == 0 else chunk_frames), num_frames)
+        plan.append((max(0, start - left_context_frames), start, end))
+        start = end
+    return plan
+
+
+# --- random weights for test and dummy checkpoints -----------------------------------------------------------------
+
+
+@torch.no_grad()
+def init_random_(decoder: CodecDecoder, generator: torch.Generator) -> None:
+    """Fill every tensor with values that make the decoder sensitive to its input: distinct codebook vectors and
+    usages, LayerScale / ConvNeXt gamma large enough for each stage to matter, unit-ish activations through
+    the residual stacks, and a last conv scaled so the waveform stays mostly inside the clamp."""
+
+    def normal_(p: torch.Tensor, std: float, mean: float = 0.0) -> None:
+        p.copy_(torch.randn(p.shape, generator=generator) * std + mean)
+
+    for module in decoder.modules():
+        if isinstance(module, (nn.Conv1d, nn.ConvTranspose1d)):
+            fan_in = module.weight[0].numel() if isinstance(module, nn.Conv1d) else module.weight.shape[0] * module.weight.shape[2] // module.stride[0]
+            normal_(module.weight, 1.0 / math.sqrt(fan_in))
+            if module.bias is not None:
+                normal_(module.bias, 0.02)
+        elif isinstance(module, nn.Linear):
+            normal_(module.weight, 1.0 / math.sqrt(module.in_features))
+            if module.bias is not None:
+                normal_(module.bias, 0.02)
+        elif isinstance(module, (nn.LayerNorm, RMSNorm)):
+            normal_(module.weight, 0.1, mean=1.0)
+            if getattr(module, "bias", None) is not None:
+                normal_(module.bias, 0.02)
+        elif isinstance(module, LayerScale):
+            normal_(module.scale, 0.02, mean=0.2)
+        elif isinstance(module, ConvNeXtBlock):
+            normal_(module.gamma, 0.02, mean=0.2)
+        elif isinstance(module, SnakeBeta):
+            normal_(module.alpha, 0.1)
+            normal_(module.beta, 0.1)
+        elif isinstance(module, Codebook):
+            normal_(module.embedding_sum, 1.0)
+            module.cluster_usage.copy_(0.5 + torch.rand(module.cluster_usage.shape, generator=generator))
+    # residual units add onto their input: keep each addition small so activations stay O(1) through 12 units.
+    for module in decoder.modules():
+        if isinstance(module, ResidualUnit):
+            module.conv2.conv.weight.mul_(0.3)
+    # scale the last conv so the pre-clamp waveform of random codes has a std of about 0.3
+    last = decoder.decoder[-1].conv
+    codes = torch.randint(0, decoder.config.codebook_size, (1, 4, decoder.config.num_quantizers), generator=generator)
+    captured = {}
+
+    def record_std(_module, _inputs, out):
+        captured["std"] = float(out.float().std())
+
+    hook = last.register_forward_hook(record_std)
+    try:
+        decoder(codes.to(last.weight.device))
+    finally:
+        hook.remove()
+    scale = 0.3 / max(captured["std"], 1e-12)
+    last.weight.mul_(scale)
+    last.bias.mul_(scale)
