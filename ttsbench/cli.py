@@ -13,3 +13,175 @@ app = typer.Typer(
 @app.callback()
 def main() -> None:
     """Benchmark and evaluate text-to-speech servers."""
+
+
+# --- ttsbench run / datasets / summarize (the harness core) -----------------------------------
+
+import contextlib  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Iterator, List, Optional  # noqa: E402
+
+
+@contextlib.contextmanager
+def _server_for_run(url: Optional[str]) -> Iterator[tuple[str, Optional[dict]]]:
+    """(base URL, embedded server configuration or None) of the server a run measures.
+    The embedded reference server plugs in here: start it, yield its URL, stop it."""
+    if url is None:
+        raise typer.BadParameter("is required (the embedded reference server is not available yet)",
+                                 param_hint="--url")
+    yield url, None
+
+
+def _split(values: List[str]) -> List[str]:
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def run(
+    url: Optional[str] = typer.Option(None, help="Base URL of the server to measure, e.g. http://localhost:8091."),
+    task: List[str] = typer.Option(["custom"], help="custom, design, clone or all; repeat or comma-separate to run several."),
+    set_: Optional[str] = typer.Option(None, "--set", help="Built-in sets, comma-separated: short, medium, long, multilingual. Default: short (none when --dataset is given)."),
+    dataset: List[Path] = typer.Option([], help="A JSONL file of {id, text, language} items; repeatable."),
+    concurrency: Optional[str] = typer.Option(None, help="Closed-loop levels, e.g. 1,8,32 (default 1)."),
+    request_rate: Optional[str] = typer.Option(None, help="Open-loop levels in requests/s with Poisson arrivals, e.g. 0.5,2,inf (inf: all at once)."),
+    num_requests: Optional[int] = typer.Option(None, min=1, help="Requests per level (default: 4 x concurrency or rate, at least 10; 32 for inf)."),
+    warmup: int = typer.Option(1, min=0, help="Unmeasured requests before each level, at the level's load."),
+    stream: bool = typer.Option(True, help="Streaming requests."),
+    model: Optional[str] = typer.Option(None, help="Model name to send (default: the first one the server lists at /v1/models)."),
+    voice: Optional[str] = typer.Option(None, help="custom: one speaker instead of all nine round-robin; clone: one reference voice."),
+    language: Optional[str] = typer.Option(None, help="Send this language for every item (e.g. Auto) instead of each item's own."),
+    instructions: str = typer.Option("off", help="custom: off, on (round-robin over datasets/instructions.jsonl) or a literal instruction; design: a literal voice description instead of datasets/designs.jsonl."),
+    response_format: Optional[str] = typer.Option(None, help="pcm, wav or flac (default: pcm when streaming, wav otherwise)."),
+    stream_format: str = typer.Option("audio", help="audio (raw bytes) or sse (speech.audio.delta events); the answer's form is always detected from its Content-Type."),
+    max_new_tokens: Optional[int] = typer.Option(None, min=1, max=4096, help="Generation cap sent with each request."),
+    sampling_seed: Optional[int] = typer.Option(None, help="Send this sampling seed with each request (`seed` field)."),
+    clone_mode: str = typer.Option("inline", help="clone: inline (base64 data: URI in ref_audio) or upload (POST /v1/audio/voices once, then refer by name)."),
+    timeout: float = typer.Option(300.0, min=0.001, help="Seconds before a request counts as failed (timeout)."),
+    out: Optional[Path] = typer.Option(None, help="Run directory (default runs/<UTC time>-<label>)."),
+    save_audio: bool = typer.Option(True, help="Save each response as audio/<id>.wav in the run directory."),
+    api_key: Optional[str] = typer.Option(None, envvar="TTSBENCH_API_KEY", help="Sent as 'Authorization: Bearer <key>'; never stored."),
+    seed: int = typer.Option(0, help="Chooses which items are sent and in which order (and Poisson arrivals)."),
+    label: Optional[str] = typer.Option(None, help="A name for the run, stored in run.json and the default directory name."),
+    resume: Optional[Path] = typer.Option(None, help="Continue an interrupted run directory with its stored options (only --url and --api-key are taken from this command)."),
+    slo_ttfab_ms: float = typer.Option(200.0, help="Goodput SLO: first audio within this many ms."),
+    slo_underrun_s: float = typer.Option(0.0, help="Goodput SLO: at most this much playback starvation (s)."),
+    playback_buffer_ms: float = typer.Option(0.0, min=0.0, help="Start-up buffer of the player for underrun_buffered_s."),
+    pcm_sample_rate: int = typer.Option(24000, min=1, help="Sample rate of raw PCM answers that do not name one."),
+) -> None:
+    """Benchmark a speech server: tasks x sets x load levels into one run directory."""
+    from rich.console import Console
+
+    from ttsbench import datasets, metrics, requests, runner, storage
+    from ttsbench.loadgen import parse_levels
+
+    console = Console()
+    command = ["ttsbench", *sys.argv[1:]]
+    run_path = resume
+    try:
+        if resume is not None:
+            with _server_for_run(url) as (base_url, _):
+                rows = runner.resume_run(resume, base_url, api_key, command, console)
+            runner.print_summary(console, rows)
+            return
+        tasks = _split(task)
+        tasks = list(requests.TASKS) if "all" in tasks else list(dict.fromkeys(tasks))
+        for t in tasks:
+            if t not in requests.TASKS:
+                raise typer.BadParameter(f"{t!r} is not one of custom, design, clone, all", param_hint="--task")
+        sets = _split([set_]) if set_ else ([] if dataset else ["short"])
+        for s in sets:
+            if s not in datasets.BUILTIN_SETS:
+                raise typer.BadParameter(f"{s!r} is not one of {', '.join(datasets.BUILTIN_SETS)}", param_hint="--set")
+        try:
+            levels = parse_levels(concurrency, request_rate)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+        if language is not None and datasets.normalize_language(language) is None:
+            raise typer.BadParameter(f"{language!r} is not one of {', '.join(datasets.LANGUAGES)}", param_hint="--language")
+        for name, value, allowed in (("--response-format", response_format, requests.RESPONSE_FORMATS),
+                                     ("--stream-format", stream_format, requests.STREAM_FORMATS),
+                                     ("--clone-mode", clone_mode, requests.CLONE_MODES)):
+            if value is not None and value not in allowed:
+                raise typer.BadParameter(f"{value!r} is not one of {', '.join(allowed)}", param_hint=name)
+        config = runner.RunConfig(
+            tasks=tasks, sets=sets, datasets=[str(p.resolve()) for p in dataset], levels=levels,
+            num_requests=num_requests, warmup=warmup,
+            request=requests.RequestOptions(
+                model=model, voice=voice, language=datasets.normalize_language(language) if language else None,
+                instructions=instructions, response_format=response_format, stream=stream,
+                stream_format=stream_format, max_new_tokens=max_new_tokens, sampling_seed=sampling_seed,
+                clone_mode=clone_mode),
+            timeout=timeout, save_audio=save_audio, seed=seed, label=label,
+            slo=metrics.SLO(ttfab_ms=slo_ttfab_ms, underrun_s=slo_underrun_s),
+            playback_buffer_ms=playback_buffer_ms, pcm_sample_rate=pcm_sample_rate)
+        out_dir = run_path = out or storage.default_run_dir(label)
+        with _server_for_run(url) as (base_url, embedded):
+            rows = runner.start_run(out_dir, config, base_url, api_key, command, console, embedded)
+        runner.print_summary(console, rows)
+        console.print(f"results: {out_dir}")
+    except (datasets.DatasetError, FileExistsError, FileNotFoundError) as e:
+        _fail(str(e), 2)
+    except runner.RunError as e:
+        _fail(str(e), 1)
+    except KeyboardInterrupt:
+        where = f" in {run_path}; continue with: ttsbench run --resume {run_path} --url URL" if run_path else ""
+        _fail(f"interrupted; completed requests are kept{where}", 130)
+
+
+@app.command("datasets")
+def datasets_command() -> None:
+    """List the built-in text sets with counts and character statistics, and the task inputs."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ttsbench import datasets
+
+    console = Console()
+    try:
+        table = Table(title=f"built-in sets ({datasets.datasets_dir()})")
+        for column in ("set", "items", "chars min", "median", "mean", "max", "languages"):
+            table.add_column(column, justify="left" if column in ("set", "languages") else "right")
+        for name in datasets.BUILTIN_SETS:
+            st = datasets.text_stats(datasets.load_set(name))
+            langs = ", ".join(f"{k} {v}" for k, v in sorted(st["languages"].items()))
+            table.add_row(name, str(st["items"]), str(st["chars_min"]), f"{st['chars_median']:g}",
+                          f"{st['chars_mean']:g}", str(st["chars_max"]), langs)
+        console.print(table)
+        inputs = Table(title="task inputs")
+        for column in ("input", "count", "used by"):
+            inputs.add_column(column)
+        inputs.add_row("speakers", str(len(datasets.load_speakers())), "custom (round-robin unless --voice)")
+        inputs.add_row("instructions", str(len(datasets.load_instructions())), "custom with --instructions on")
+        inputs.add_row("designs", str(len(datasets.load_designs())), "design (round-robin)")
+        inputs.add_row("voices", str(len(datasets.load_voices())), "clone (round-robin unless --voice)")
+        console.print(inputs)
+    except datasets.DatasetError as e:
+        _fail(str(e), 2)
+
+
+@app.command()
+def summarize(
+    run_dir: Path = typer.Argument(..., help="A run directory written by `ttsbench run`."),
+    slo_ttfab_ms: Optional[float] = typer.Option(None, help="Goodput SLO on first audio (default: the run's)."),
+    slo_underrun_s: Optional[float] = typer.Option(None, help="Goodput SLO on starvation (default: the run's)."),
+) -> None:
+    """Recompute summary.json and summary.csv from requests.jsonl, and print the table."""
+    from rich.console import Console
+
+    from ttsbench import metrics, runner, storage
+
+    try:
+        run = storage.RunDir.open(run_dir)
+    except FileNotFoundError as e:
+        _fail(str(e), 2)
+    stored = metrics.SLO(**run.run_info().get("config", {}).get("slo", {}))
+    slo = metrics.SLO(ttfab_ms=stored.ttfab_ms if slo_ttfab_ms is None else slo_ttfab_ms,
+                      underrun_s=stored.underrun_s if slo_underrun_s is None else slo_underrun_s)
+    rows = run.write_summary(slo)
+    runner.print_summary(Console(), rows)

@@ -1,0 +1,150 @@
+"""Per-request figures from raw timestamps, and their aggregation per (task, set, level).
+
+Aggregates are computed only from stored request records, so `ttsbench summarize` reproduces
+what `ttsbench run` wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import pandas as pd
+
+from ttsbench.client import RawResponse
+from ttsbench.decode import Decoded
+
+FRAMES_PER_AUDIO_S = 12.5  # Qwen3-TTS codec frame rate
+STAT_METRICS = ("ttfab_ms", "e2e_ms", "rtf", "underrun_s", "max_gap_ms")
+STATS = (("mean", "mean"), ("median", "median"), ("p90", 0.90), ("p95", 0.95), ("p99", 0.99), ("max", "max"))
+
+
+@dataclass(frozen=True)
+class SLO:
+    """A request is good when it completed, its first audio came before ttfab_ms, and playback
+    starved for at most underrun_s."""
+    ttfab_ms: float = 200.0
+    underrun_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def underrun(chunks: list[tuple[float, float]], buffer_s: float = 0.0) -> tuple[float, float]:
+    """Total and worst starvation (seconds) of a player that starts `buffer_s` after the first
+    audio arrives (or at the last arrival, if the stream ends sooner) and then plays in real time,
+    pausing whenever it has played everything received. `chunks`: (arrival s, audio s), in order."""
+    if not chunks:
+        return 0.0, 0.0
+    start = min(chunks[0][0] + buffer_s, chunks[-1][0])
+    runs_dry_at = start
+    total = worst = 0.0
+    for t, seconds in chunks:
+        if t > runs_dry_at:
+            stall = t - runs_dry_at
+            total += stall
+            worst = max(worst, stall)
+            runs_dry_at = t
+        runs_dry_at += seconds
+    return total, worst
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 3)
+
+
+def request_figures(raw: RawResponse, dec: Decoded, playback_buffer_s: float = 0.0) -> dict:
+    """The timing fields of a request record (see docs/run-format.md)."""
+    t0 = raw.t_start
+    chunks = dec.chunks
+    first = chunks[0][0] if chunks else None
+    gaps = [b[0] - a[0] for a, b in zip(chunks, chunks[1:])]
+    arrivals = [(t, s) for t, _, s in chunks]
+    total, worst = underrun(arrivals)
+    buffered, _ = underrun(arrivals, playback_buffer_s)
+    ok = dec.error is None
+    e2e = None if raw.t_end is None else raw.t_end - t0
+    return {
+        "ok": ok,
+        "error": dec.error,
+        "error_detail": dec.error_detail,
+        "http_status": raw.status,
+        "t_start": t0,
+        "t_headers_ms": None if raw.t_headers is None else _ms(raw.t_headers - t0),
+        "ttfab_ms": None if first is None else _ms(first - t0),
+        "e2e_ms": _ms(e2e),
+        "chunks": [[_ms(t - t0), n] for t, n, _ in chunks],
+        "bytes": dec.n_bytes,
+        "sample_rate": dec.sample_rate,
+        "audio_s": None if dec.audio_s is None else round(dec.audio_s, 6),
+        "rtf": round(e2e / dec.audio_s, 6) if ok and e2e is not None and dec.audio_s else None,
+        "n_chunks": len(chunks),
+        "max_gap_ms": _ms(max(gaps)) if gaps else None,
+        "underrun_s": round(total, 6) if chunks else None,
+        "underrun_max_s": round(worst, 6) if chunks else None,
+        "underrun_buffered_s": round(buffered, 6) if chunks else None,
+    }
+
+
+def _meets(row: pd.Series, slo: SLO) -> bool:
+    return bool(row["ok"] and row["ttfab_ms"] is not None and row["ttfab_ms"] < slo.ttfab_ms
+                and row["underrun_s"] is not None and row["underrun_s"] <= slo.underrun_s)
+
+
+def _duration(group: pd.DataFrame) -> float:
+    """First send to last end, summed over resume sessions so the pause between them is not counted."""
+    ends = group["t_start"] + group["e2e_ms"].fillna(0.0) / 1000.0
+    spans = pd.DataFrame({"session": group["session"], "start": group["t_start"], "end": ends})
+    per = spans.groupby("session").agg(start=("start", "min"), end=("end", "max"))
+    return float((per["end"] - per["start"]).sum())
+
+
+def _none(value):
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def summarize(records: list[dict], slo: SLO) -> list[dict]:
+    """One row per (task, set, level) in order of first appearance; warmup requests excluded."""
+    measured = [r for r in records if not r.get("warmup")]
+    if not measured:
+        return []
+    df = pd.DataFrame(measured)
+    df["session"] = df["session"].fillna(0) if "session" in df else 0
+    rows = []
+    for (task, set_name, level), group in df.groupby(["task", "set", "level"], sort=False):
+        ok = group[group["ok"].astype(bool)]
+        duration = _duration(group)
+        total_audio = float(ok["audio_s"].sum()) if len(ok) else 0.0
+        first = group.iloc[0]
+        row = {
+            "task": task, "set": set_name, "level": level, "mode": first["mode"],
+            "concurrency": None if pd.isna(first["concurrency"]) else int(first["concurrency"]),
+            "rate": _none(first["rate"]),
+            "completed": int(len(ok)), "failed": int(len(group) - len(ok)),
+            "errors": {str(k): int(v) for k, v in group["error"].dropna().value_counts().items()},
+            "duration_s": round(duration, 6),
+            "request_throughput": round(len(ok) / duration, 6) if duration > 0 else None,
+            "audio_throughput": round(total_audio / duration, 6) if duration > 0 else None,
+            "frames_per_s": round(total_audio / duration * FRAMES_PER_AUDIO_S, 6) if duration > 0 else None,
+            "total_audio_s": round(total_audio, 6),
+            "goodput": round(float(group.apply(_meets, axis=1, slo=slo).mean()), 6),
+        }
+        for metric in STAT_METRICS:
+            values = pd.to_numeric(ok[metric], errors="coerce").dropna() if len(ok) else pd.Series(dtype=float)
+            for name, how in STATS:
+                if values.empty:
+                    row[f"{metric}_{name}"] = None
+                elif isinstance(how, float):
+                    row[f"{metric}_{name}"] = round(float(values.quantile(how)), 6)
+                else:
+                    row[f"{metric}_{name}"] = round(float(getattr(values, how)()), 6)
+        rows.append(row)
+    return rows
+
+
+def rows_frame(rows: list[dict]) -> pd.DataFrame:
+    """summary.csv's table: the rows, with `errors` as a JSON cell."""
+    df = pd.DataFrame(rows)
+    if "errors" in df:
+        df["errors"] = df["errors"].map(lambda e: json.dumps(e, sort_keys=True))
+    return df

@@ -1,0 +1,153 @@
+"""Request bodies for /v1/audio/speech, one builder per task (vllm-omni-compatible fields).
+
+Bodies are serialised here, before the clock starts, so the client's timed section only sends bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ttsbench import datasets
+
+TASK_TYPES = {"custom": "CustomVoice", "design": "VoiceDesign", "clone": "Base"}
+TASKS = tuple(TASK_TYPES)
+RESPONSE_FORMATS = ("pcm", "wav", "flac")
+STREAM_FORMATS = ("audio", "sse")
+CLONE_MODES = ("inline", "upload")
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """What the user chose for every request of a run (see `ttsbench run --help`)."""
+    model: str | None = None
+    voice: str | None = None
+    language: str | None = None
+    instructions: str = "off"
+    response_format: str | None = None
+    stream: bool = True
+    stream_format: str = "audio"
+    max_new_tokens: int | None = None
+    sampling_seed: int | None = None
+    clone_mode: str = "inline"
+
+    def format(self) -> str:
+        """Raw PCM streams cheapest; WAV is the API default for whole responses."""
+        return self.response_format or ("pcm" if self.stream else "wav")
+
+
+@dataclass(frozen=True)
+class SpeechRequest:
+    """One request ready to send, plus what the record needs to say about it."""
+    item: datasets.Item
+    body: bytes
+    voice: str | None
+    instructions: str | None
+    ref_audio_path: str | None
+    ref_text: str | None
+
+
+def _display_path(path: Path) -> str:
+    """Relative to the datasets folder when it lies inside it, as run-format.md asks."""
+    try:
+        return str(path.resolve().relative_to(datasets.datasets_dir().resolve()))
+    except ValueError:
+        return str(path.resolve())
+
+
+class RequestBuilder:
+    """Builds the n-th request of a task: speakers, instructions, designs and voices go round-robin
+    over the request index, so a level's requests spread evenly over them."""
+
+    def __init__(self, task: str, options: RequestOptions):
+        if task not in TASK_TYPES:
+            raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
+        self.task = task
+        self.options = options
+        self._speakers: list[str] = []
+        self._instructions: list[str | None] = [None]
+        self._voices: list[datasets.Voice] = []
+        self._data_uris: dict[str, str] = {}
+        if task == "custom":
+            self._setup_custom()
+        elif task == "design":
+            self._setup_design()
+        else:
+            self._setup_clone()
+
+    def _setup_custom(self) -> None:
+        opts = self.options
+        if opts.voice:
+            self._speakers = [opts.voice]
+        else:
+            self._speakers = [s.name for s in datasets.load_speakers()]
+        if opts.instructions == "on":
+            self._instructions = [p.text for p in datasets.load_instructions()]
+        elif opts.instructions != "off":
+            self._instructions = [opts.instructions]
+
+    def _setup_design(self) -> None:
+        opts = self.options
+        if opts.instructions in ("on", "off"):
+            self._instructions = [p.text for p in datasets.load_designs()]
+        else:
+            self._instructions = [opts.instructions]
+
+    def _setup_clone(self) -> None:
+        voices = datasets.load_voices()
+        if self.options.voice:
+            voices = [v for v in voices if v.name == self.options.voice]
+            if not voices:
+                names = ", ".join(v.name for v in datasets.load_voices())
+                raise datasets.DatasetError(
+                    f"unknown reference voice {self.options.voice!r}; available: {names}")
+        self._voices = voices
+
+    @property
+    def voices(self) -> list[datasets.Voice]:
+        """Reference voices this builder uses (clone), e.g. to upload them first."""
+        return self._voices
+
+    def _data_uri(self, voice: datasets.Voice) -> str:
+        uri = self._data_uris.get(voice.name)
+        if uri is None:
+            uri = "data:audio/wav;base64," + base64.b64encode(voice.path.read_bytes()).decode("ascii")
+            self._data_uris[voice.name] = uri
+        return uri
+
+    def build(self, item: datasets.Item, index: int) -> SpeechRequest:
+        opts = self.options
+        body: dict = {"input": item.text}
+        if opts.model:
+            body["model"] = opts.model
+        body["task_type"] = TASK_TYPES[self.task]
+        body["language"] = opts.language or item.language
+        voice = instructions = ref_audio_path = ref_text = None
+        if self.task == "custom":
+            voice = self._speakers[index % len(self._speakers)]
+            body["voice"] = voice
+        if self.task in ("custom", "design"):
+            instructions = self._instructions[index % len(self._instructions)]
+            if instructions is not None:
+                body["instructions"] = instructions
+        if self.task == "clone":
+            ref = self._voices[index % len(self._voices)]
+            voice, ref_text, ref_audio_path = ref.name, ref.ref_text, _display_path(ref.path)
+            if opts.clone_mode == "upload":
+                body["voice"] = ref.name
+            else:
+                body["ref_audio"] = self._data_uri(ref)
+                body["ref_text"] = ref.ref_text
+        body["response_format"] = opts.format()
+        body["stream"] = opts.stream
+        if opts.stream:
+            body["stream_format"] = opts.stream_format
+        if opts.max_new_tokens is not None:
+            body["max_new_tokens"] = opts.max_new_tokens
+        if opts.sampling_seed is not None:
+            body["seed"] = opts.sampling_seed
+        return SpeechRequest(item=item, body=json.dumps(body, ensure_ascii=False).encode("utf-8"),
+                             voice=voice, instructions=instructions, ref_audio_path=ref_audio_path,
+                             ref_text=ref_text)
