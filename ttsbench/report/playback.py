@@ -1,0 +1,74 @@
+"""The playback model behind `underrun_s`, recomputed from a request's raw chunk arrivals.
+
+A player starts at the first audio byte and plays in real time; whenever it has played everything
+received so far it stalls until the next chunk arrives. The report draws those stalls on the
+chunk-arrival timelines, so they are recomputed here from `chunks` rather than taken on trust.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Playback:
+    """Arrival and playback curves of one request, in seconds since the request was sent."""
+    arrival_t: list[float]        # chunk arrival times
+    received_s: list[float]       # audio seconds received once each chunk has arrived
+    stalls: list[tuple[float, float]]  # (start, end) of each starvation
+    end_t: float                  # when the player finishes the last sample
+
+    @property
+    def underrun_s(self) -> float:
+        return sum(b - a for a, b in self.stalls)
+
+    def played_curve(self) -> tuple[list[float], list[float]]:
+        """(times, audio seconds played): slope 1 while playing, flat during each stall."""
+        ts, played = [self.arrival_t[0]], [0.0]
+        for a, b in self.stalls:
+            pos = played[-1] + (a - ts[-1])
+            ts += [a, b]
+            played += [pos, pos]
+        ts.append(self.end_t)
+        played.append(self.received_s[-1])
+        return ts, played
+
+    @property
+    def underrun_max_s(self) -> float:
+        return max((b - a for a, b in self.stalls), default=0.0)
+
+
+def seconds_per_byte(record: dict) -> float | None:
+    """Audio seconds per payload byte: from the stored totals, else 16-bit mono at the stream's rate."""
+    audio_s, nbytes, rate = record.get("audio_s"), record.get("bytes"), record.get("sample_rate")
+    if audio_s and nbytes:
+        return audio_s / nbytes
+    if rate:
+        return 1.0 / (2 * rate)
+    return None
+
+
+def playback(record: dict) -> Playback | None:
+    """The playback of one request record, or None when it carried no timed audio."""
+    spb = seconds_per_byte(record)
+    chunks = [(float(t), int(n)) for t, n in (record.get("chunks") or []) if n > 0]
+    if spb is None or not chunks:
+        return None
+    arrival_t, received_s, stalls = [], [], []
+    received = 0.0
+    clock = chunks[0][0] / 1000.0   # the player starts with the first audio
+    played = 0.0
+    for t_ms, n in chunks:
+        t = t_ms / 1000.0
+        runs_dry_at = clock + (received - played)
+        if runs_dry_at < t:
+            stalls.append((runs_dry_at, t))
+            played, clock = received, t
+        else:
+            played += t - clock
+            clock = t
+        received += n * spb
+        arrival_t.append(t)
+        received_s.append(received)
+    end_t = clock + (received - played)
+    return Playback(arrival_t, received_s, stalls, end_t)
