@@ -1,0 +1,312 @@
+"""The two-stage engine: talker + code predictor (stage 0) and codec (stage 1), joined by async queues.
+
+Both stages are asyncio tasks on the server's event loop that hand their tensor work to their own
+single-thread executor (one per device), so the loop keeps all bookkeeping single-threaded while the two
+stages compute at the same time: the talker never waits for the codec. Between talker steps, cancelled
+and finished requests leave (their KV slot is free for the very next step) and waiting ones are admitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from serving.engine.codec_stage import CodecStream
+from serving.engine.request import GenerationRequest
+from serving.engine.scheduler import QueueFullError, Scheduler
+
+log = logging.getLogger("serving.engine")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str  # checkpoint directory (already resolved)
+    model_name: str = ""  # the id /v1/models lists (default: the directory name)
+    load_format: str = "auto"  # auto: read the weights; dummy: random weights of the checkpoint's shapes
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    talker_device: str = "auto"  # auto: cuda if available, else cpu
+    codec_device: str = "auto"  # auto: the talker's device
+    max_batch_size: int = 32
+    max_queue: int = 64
+    kv_cache_gb: float | None = None  # None: 40% of free GPU memory, or 2 GiB on CPU
+    max_model_len: int = 4096  # prompt + generated frames per request (the KV slot's length)
+    chunk_frames: int = 25
+    first_chunk_frames: int = 4
+    left_context_frames: int = 72
+    max_codec_batch: int = 16
+    enforce_eager: bool = False
+
+    def __post_init__(self):
+        for name in ("max_batch_size", "chunk_frames", "first_chunk_frames", "max_model_len", "max_codec_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.max_queue < 0 or self.left_context_frames < 0:
+            raise ValueError("max_queue and left_context_frames must be >= 0")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError("load_format must be auto or dummy")
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the API needs to know about the loaded checkpoint."""
+
+    model_name: str
+    model_path: str
+    task_type: str  # CustomVoice | VoiceDesign | Base
+    speakers: tuple[str, ...]
+    languages: tuple[str, ...]
+    speaker_embedding_dim: int | None
+    supports_instructions: bool
+    chunk_frames: int
+    num_slots: int
+
+
+class RequestFailed(ValueError):
+    """The engine could not serve a request it had accepted (e.g. its prompt does not fit a KV slot)."""
+
+
+class RequestStream:
+    """The audio of one request, chunk by chunk, as an async iterator of float32 arrays."""
+
+    def __init__(self, engine: "Engine", request: GenerationRequest):
+        self.engine = engine
+        self.request = request
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.frames = 0
+        self.finished = False  # every chunk was delivered
+        self.cancelled = False
+        self.slot: int | None = None
+        self.codec: CodecStream | None = None
+        self.t_submit = time.monotonic()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> np.ndarray:
+        item = await self.queue.get()
+        if item is None:
+            self.finished = True
+            raise StopAsyncIteration
+        if isinstance(item, Exception):
+            self.finished = True
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        """Stop generating: the slot frees before the next talker step."""
+        if not self.cancelled and not self.finished:
+            self.cancelled = True
+            self.engine._on_cancel(self)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.ready = False
+        self.info: EngineInfo | None = None
+        self.runner = None  # TalkerRunner, built in start()
+        self.codec = None  # CodecRunner
+        self.scheduler: Scheduler[RequestStream] | None = None
+        self._talker_pool = ThreadPoolExecutor(1, thread_name_prefix="talker")
+        self._codec_pool = ThreadPoolExecutor(1, thread_name_prefix="codec")
+        self._wake_talker = asyncio.Event()
+        self._wake_codec = asyncio.Event()
+        self._codec_streams: list[RequestStream] = []
+        self._tasks: list[asyncio.Task] = []
+        self._frames_total = 0
+        self._recent_frames: deque[tuple[float, int]] = deque()
+        self._recent_e2e: deque[float] = deque(maxlen=64)
+        self._stopping = False
+
+    # --- lifecycle ---------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load both stages (each on its own thread and device), warm them up, then start the loops."""
+        from serving.engine.loader import load_stages
+
+        loop = asyncio.get_running_loop()
+        self.runner, self.codec, self.info = await loop.run_in_executor(self._talker_pool, load_stages, self.config)
+        self.scheduler = Scheduler(self.runner.num_slots, self.config.max_queue, self.runner.buckets)
+        await loop.run_in_executor(self._talker_pool, self.runner.warmup)
+        await loop.run_in_executor(self._codec_pool, self.codec.warmup,
+                                   (self.config.first_chunk_frames, self.config.chunk_frames))
+        self._tasks = [loop.create_task(self._talker_loop(), name="talker"),
+                       loop.create_task(self._codec_loop(), name="codec")]
+        self.ready = True
+
+    async def shutdown(self) -> None:
+        self._stopping = True
+        self.ready = False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self.scheduler is not None:
+            for stream in list(self.scheduler.waiting) + [s for _, s in self.scheduler.running()]:
+                stream.queue.put_nowait(RequestFailed("the server is shutting down"))
+        self._talker_pool.shutdown(wait=True, cancel_futures=True)
+        self._codec_pool.shutdown(wait=True, cancel_futures=True)
+
+    def config_dict(self) -> dict:
+        d = asdict(self.config)
+        if self.runner is not None:
+            d.update(self.runner.describe())
+        return d
+
+    # --- requests ----------------------------------------------------------------------------------------
+    def submit(self, request: GenerationRequest) -> RequestStream:
+        """Queue a request. Raises QueueFullError when over capacity, ValueError when it cannot fit."""
+        if not self.ready:
+            raise QueueFullError("the engine is not ready")
+        if request.max_new_tokens >= self.config.max_model_len:
+            raise ValueError(f"max_new_tokens {request.max_new_tokens} leaves no room for the prompt in "
+                             f"--max-model-len {self.config.max_model_len}")
+        stream = RequestStream(self, request)
+        self.scheduler.submit(stream)
+        self._wake_talker.set()
+        return stream
+
+    def _on_cancel(self, stream: RequestStream) -> None:
+        if self.scheduler.remove_waiting(stream):
+            stream.finished = True
+        self._wake_talker.set()  # the talker loop frees the slot before its next step
+
+    def retry_after_s(self) -> int:
+        """A hint for 503s: how long the queue ahead takes to drain at the recent pace."""
+        mean_e2e = sum(self._recent_e2e) / len(self._recent_e2e) if self._recent_e2e else 1.0
+        waves = (self.scheduler.num_waiting + 1) / max(1, self.scheduler.num_slots)
+        return max(1, min(60, math.ceil(mean_e2e * waves)))
+
+    def stats(self) -> dict[str, float]:
+        if self.scheduler is None:
+            return {}
+        now = time.monotonic()
+        while self._recent_frames and now - self._recent_frames[0][0] > 5.0:
+            self._recent_frames.popleft()
+        span = (now - self._recent_frames[0][0]) if len(self._recent_frames) > 1 else 0.0
+        recent = sum(n for _, n in self._recent_frames)
+        return {
+            "queue_depth": self.scheduler.num_waiting,
+            "running": self.scheduler.num_running,
+            "kv_slots_total": self.scheduler.num_slots,
+            "kv_slots_free": self.scheduler.num_free,
+            "frames_per_second": recent / span if span > 0 else 0.0,
+            "frames_total": self._frames_total,
+            "codec_pending_frames": sum(len(s.codec.pending) for s in self._codec_streams),
+        }
+
+    # --- stage 0: talker ---------------------------------------------------------------------------------
+    async def _talker_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        sched = self.scheduler
+        while not self._stopping:
+            self._drop_cancelled()
+            if sched.num_running == 0 and sched.num_waiting == 0:
+                self._wake_talker.clear()
+                await self._wake_talker.wait()
+                continue
+            admitted = sched.admit()
+            for slot, stream in admitted:
+                stream.slot = slot
+                try:
+                    context = await loop.run_in_executor(self._talker_pool, self.runner.prefill, slot, stream.request)
+                except ValueError as exc:  # the prompt does not fit, or bad reference audio
+                    self._fail(stream, RequestFailed(str(exc)))
+                    continue
+                except Exception as exc:
+                    log.exception("prefill failed for %s", stream.request.request_id)
+                    self._fail(stream, RequestFailed(f"generation failed: {type(exc).__name__}"))
+                    continue
+                stream.codec = CodecStream(
+                    first_chunk_frames=stream.request.first_chunk_frames or self.config.first_chunk_frames,
+                    chunk_frames=self.config.chunk_frames, left_context_frames=self.config.left_context_frames,
+                    context_codes=context)
+                self._codec_streams.append(stream)
+            self._drop_cancelled()
+            rows = sched.running()
+            if not rows:
+                continue
+            try:
+                codes, ended = await loop.run_in_executor(self._talker_pool, self.runner.decode_step,
+                                                          sched.bucket())
+            except Exception:
+                log.exception("decode step failed; failing the running requests")
+                for _, stream in rows:
+                    self._fail(stream, RequestFailed("generation failed"))
+                continue
+            now = time.monotonic()
+            self._frames_total += len(rows)
+            self._recent_frames.append((now, len(rows)))
+            for slot, stream in rows:
+                if stream.cancelled:
+                    continue
+                if not ended[slot]:
+                    stream.codec.pending.append(codes[slot])
+                    stream.frames += 1
+                if ended[slot] or stream.frames >= stream.request.max_new_tokens:
+                    self._release(stream)
+                    stream.codec.finished = True
+            self._wake_codec.set()
+            await asyncio.sleep(0)  # let handlers run between steps
+
+    def _drop_cancelled(self) -> None:
+        for _, stream in self.scheduler.running():
+            if stream.cancelled:
+                self._release(stream)
+                if stream.codec is not None:
+                    stream.codec.finished = True
+                    stream.codec.pending.clear()
+
+    def _release(self, stream: RequestStream) -> None:
+        if stream.slot is not None:
+            self.scheduler.release(stream.slot)
+            self.runner.release(stream.slot)
+            stream.slot = None
+
+    def _fail(self, stream: RequestStream, error: Exception) -> None:
+        self._release(stream)
+        if stream in self._codec_streams:
+            self._codec_streams.remove(stream)
+        stream.queue.put_nowait(error)
+
+    # --- stage 1: codec ----------------------------------------------------------------------------------
+    async def _codec_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            self._codec_streams = [s for s in self._codec_streams if not self._retire(s)]
+            ready = [s for s in self._codec_streams if s.codec.ready() and not s.cancelled]
+            if not ready:
+                self._wake_codec.clear()
+                await self._wake_codec.wait()
+                continue
+            batch = ready[: self.config.max_codec_batch]
+            chunks = [s.codec.take_chunk() for s in batch]
+            try:
+                wavs = await loop.run_in_executor(self._codec_pool, self.codec.decode, chunks)
+            except Exception:
+                log.exception("codec decode failed")
+                for stream in batch:
+                    self._fail(stream, RequestFailed("audio decoding failed"))
+                continue
+            for stream, wav in zip(batch, wavs):
+                if not stream.cancelled:
+                    stream.queue.put_nowait(wav)
+
+    def _retire(self, stream: RequestStream) -> bool:
+        """A stream leaves the codec stage once all its audio is out (or its client went away)."""
+        if stream.cancelled:
+            return True
+        if stream.codec.done:
+            stream.queue.put_nowait(None)
+            self._recent_e2e.append(time.monotonic() - stream.t_submit)
+            return True
+        return False

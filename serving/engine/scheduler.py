@@ -1,0 +1,102 @@
+"""Continuous batching bookkeeping: the waiting queue, KV slots, and the batch-size bucket of each step.
+
+Pure Python, no tensors: the talker stage asks it who runs next. Slots are rows of the preallocated KV
+cache. A new request takes the lowest free slot, so the running rows stay packed at the front and a
+decode step over the first `bucket` rows (a fixed-shape view of the cache, one CUDA graph per bucket)
+covers every running request.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class QueueFullError(Exception):
+    """Every slot is taken and the waiting queue is at its limit: the server answers 503."""
+
+
+def make_buckets(max_batch_size: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, then steps of 8 up to max_batch_size (always included): few graphs, little padding."""
+    if max_batch_size < 1:
+        raise ValueError("max_batch_size must be at least 1")
+    sizes = [b for b in (1, 2, 4) if b < max_batch_size]
+    sizes += list(range(8, max_batch_size, 8))
+    sizes.append(max_batch_size)
+    return tuple(sorted(set(sizes)))
+
+
+def pick_bucket(rows: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket that holds `rows` rows."""
+    for b in buckets:
+        if b >= rows:
+            return b
+    raise ValueError(f"{rows} rows exceed the largest bucket {buckets[-1]}")
+
+
+class Scheduler(Generic[T]):
+    def __init__(self, num_slots: int, max_queue: int, buckets: tuple[int, ...] | None = None):
+        if num_slots < 1:
+            raise ValueError("the KV cache must hold at least one request")
+        if max_queue < 0:
+            raise ValueError("max_queue must be >= 0")
+        self.num_slots = num_slots
+        self.max_queue = max_queue
+        self.buckets = buckets or make_buckets(num_slots)
+        if self.buckets[-1] < num_slots:
+            raise ValueError("the largest bucket must cover every slot")
+        self.waiting: deque[T] = deque()
+        self.slots: list[T | None] = [None] * num_slots
+
+    # --- queue ---------------------------------------------------------------------------------------------
+    def submit(self, item: T) -> None:
+        """Queue a request; it runs as soon as a slot frees. Raises QueueFullError past the queue limit."""
+        # Requests waiting for a slot that is already free are admitted at the next step: not queued.
+        if len(self.waiting) >= self.max_queue + self.num_free:
+            raise QueueFullError(f"all {self.num_slots} slots are busy and {len(self.waiting)} requests wait")
+        self.waiting.append(item)
+
+    def remove_waiting(self, item: T) -> bool:
+        try:
+            self.waiting.remove(item)
+            return True
+        except ValueError:
+            return False
+
+    def admit(self, limit: int | None = None) -> list[tuple[int, T]]:
+        """Move waiting requests into free slots (lowest first), at most `limit` of them: (slot, item) pairs."""
+        admitted = []
+        while self.waiting and self.num_free and (limit is None or len(admitted) < limit):
+            slot = self.slots.index(None)
+            item = self.waiting.popleft()
+            self.slots[slot] = item
+            admitted.append((slot, item))
+        return admitted
+
+    # --- slots ---------------------------------------------------------------------------------------------
+    def release(self, slot: int) -> None:
+        if self.slots[slot] is None:
+            raise ValueError(f"slot {slot} is already free")
+        self.slots[slot] = None
+
+    def running(self) -> list[tuple[int, T]]:
+        return [(i, item) for i, item in enumerate(self.slots) if item is not None]
+
+    @property
+    def num_running(self) -> int:
+        return sum(item is not None for item in self.slots)
+
+    @property
+    def num_free(self) -> int:
+        return self.num_slots - self.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def bucket(self) -> int:
+        """Rows the next decode step covers: up to the highest occupied slot, rounded up to a bucket."""
+        highest = max((i for i, item in enumerate(self.slots) if item is not None), default=-1)
+        return pick_bucket(highest + 1, self.buckets) if highest >= 0 else 0

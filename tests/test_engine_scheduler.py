@@ -1,0 +1,57 @@
+"""Continuous batching bookkeeping: buckets, packing into the lowest slots, queue limits."""
+
+import pytest
+
+from serving.engine.scheduler import QueueFullError, Scheduler, make_buckets, pick_bucket
+
+
+def test_buckets():
+    assert make_buckets(1) == (1,)
+    assert make_buckets(8) == (1, 2, 4, 8)
+    assert make_buckets(32) == (1, 2, 4, 8, 16, 24, 32)
+    assert make_buckets(20) == (1, 2, 4, 8, 16, 20)
+    assert pick_bucket(3, (1, 2, 4, 8)) == 4 and pick_bucket(8, (1, 2, 4, 8)) == 8
+    with pytest.raises(ValueError):
+        pick_bucket(9, (1, 2, 4, 8))
+
+
+def test_admission_fills_lowest_slots_and_queue_limit_applies_past_free_slots():
+    s = Scheduler(num_slots=4, max_queue=2)
+    for i in range(6):
+        s.submit(f"r{i}")
+    with pytest.raises(QueueFullError):
+        s.submit("r6")
+    assert s.admit(limit=3) == [(0, "r0"), (1, "r1"), (2, "r2")]
+    assert s.bucket() == 4 and s.num_waiting == 3
+    assert s.admit() == [(3, "r3")]
+    s.release(1)
+    assert s.bucket() == 4 and s.num_free == 1
+    assert s.admit() == [(1, "r4")]
+    s.submit("r6")
+    with pytest.raises(QueueFullError):
+        s.submit("r7")
+
+
+def test_bucket_shrinks_as_high_slots_free():
+    s = Scheduler(num_slots=8, max_queue=0)
+    for i in range(5):
+        s.submit(i)
+    s.admit()
+    assert s.bucket() == 8
+    s.release(4)
+    assert s.bucket() == 4
+    for slot in range(4):
+        s.release(slot)
+    assert s.bucket() == 0 and s.running() == []
+    with pytest.raises(ValueError):
+        s.release(0)
+
+
+def test_cancelled_waiting_requests_leave_the_queue():
+    s = Scheduler(num_slots=1, max_queue=1)
+    s.submit("a")
+    s.admit()
+    s.submit("b")
+    assert s.remove_waiting("b") and not s.remove_waiting("b")
+    s.submit("c")
+    assert s.num_waiting == 1
