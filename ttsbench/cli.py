@@ -185,3 +185,118 @@ def summarize(
                       underrun_s=stored.underrun_s if slo_underrun_s is None else slo_underrun_s)
     rows = run.write_summary(slo)
     runner.print_summary(Console(), rows)
+
+
+# --- ttsbench report / baseline / gate (reports and regression gates) --------------------------
+
+
+@app.command()
+def report(
+    run_dirs: List[Path] = typer.Argument(..., help="One or more run directories; later runs are compared with the first."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="HTML file to write (default: <first run>/report.html)."),
+) -> None:
+    """Write one self-contained HTML report (tables and plots) of one or several runs."""
+    from ttsbench.report.rundir import RunDirError
+
+    try:
+        from ttsbench.report.html import build_report
+    except ImportError as e:
+        _fail(f"reports need the 'report' extra ({e.name} is missing): pip install 'ttsbench[report]'", 2)
+    try:
+        path = build_report(run_dirs, out or run_dirs[0] / "report.html")
+    except RunDirError as e:
+        _fail(str(e), 2)
+    typer.echo(f"report: {path}")
+
+
+@app.command()
+def baseline(
+    run_dir: Path = typer.Argument(..., help="The run directory whose figures become the baseline."),
+    out: Path = typer.Option(..., "-o", "--out", help="Baseline JSON to write, e.g. reports/baselines/NAME.json."),
+) -> None:
+    """Store a run's summary figures (and where they came from) as a baseline for `ttsbench gate`."""
+    from ttsbench import gate as gates
+    from ttsbench.report.rundir import RunDirError
+
+    try:
+        path = gates.write_baseline(run_dir, out)
+    except RunDirError as e:
+        _fail(str(e), 2)
+    typer.echo(f"baseline: {path}")
+
+
+def _show_default_rules(value: bool) -> None:
+    if value:
+        from ttsbench import gate as gates
+
+        typer.echo(gates.default_rules_text(), nl=False)
+        raise typer.Exit()
+
+
+@app.command()
+def gate(
+    baseline_path: Path = typer.Option(..., "--baseline", help="A baseline JSON (`ttsbench baseline`) or a run directory."),
+    current: Path = typer.Option(..., "--current", help="The run directory to judge."),
+    rules: Optional[Path] = typer.Option(None, help="TOML rules file (default: the packaged rules; see `ttsbench gate --show-rules`)."),
+    show_rules: bool = typer.Option(False, "--show-rules", callback=_show_default_rules, is_eager=True,
+                                    help="Print the default rules file and exit."),
+) -> None:
+    """Compare a run with a baseline under tolerances; exit 1 when a rule fails, 2 on unusable input."""
+    from rich.console import Console
+
+    from ttsbench import gate as gates
+    from ttsbench.report.rundir import RunDirError
+
+    try:
+        loaded = gates.load_rules(rules)
+        base, cur = gates.load_figures(baseline_path), gates.load_figures(current)
+        verdict = gates.compare(base, cur, loaded)
+    except (RunDirError, gates.RulesError) as e:
+        _fail(str(e), 2)
+    gates.print_verdict(verdict, base, cur, loaded, Console(width=160))
+    raise typer.Exit(0 if verdict.ok else 1)
+
+
+# --- ttsbench serve (the reference server; serving is imported only inside the command) ------------------
+
+
+@app.command()
+def serve(
+    model: str = typer.Option("tiny-random", help="Checkpoint directory, Hugging Face id (from the local cache, or downloaded where the network allows), or a tiny random test model: tiny-random (= tiny-random-custom), tiny-random-design, tiny-random-clone."),
+    load_format: str = typer.Option("auto", help="auto (read the weights) or dummy (random weights of the checkpoint's shapes, for performance work)."),
+    dtype: str = typer.Option("auto", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16 or float16."),
+    talker_device: str = typer.Option("auto", help="Device of stage 0 (talker + code predictor): auto, cpu, cuda, cuda:0, ..."),
+    codec_device: str = typer.Option("auto", help="Device of stage 1 (codec decoder): auto (= the talker's), cpu, cuda:1, ..."),
+    max_batch_size: int = typer.Option(32, min=1, help="Most requests decoded together (KV slots; fewer if --kv-cache-gb cannot hold them)."),
+    max_queue: int = typer.Option(64, min=0, help="Requests that may wait for a slot; beyond it the server answers 503 with Retry-After."),
+    kv_cache_gb: Optional[float] = typer.Option(None, min=0.001, help="Memory for the talker KV cache (default: 40% of free GPU memory, 2 GiB on CPU)."),
+    max_model_len: int = typer.Option(4096, min=16, help="Prompt + generated frames one request may reach (the length of a KV slot)."),
+    chunk_frames: int = typer.Option(25, min=1, help="Frames per streamed audio chunk after the first."),
+    first_chunk_frames: int = typer.Option(4, min=1, help="Frames of the first chunk (small: first audio sooner)."),
+    left_context_frames: int = typer.Option(72, min=0, help="Earlier frames re-decoded as context of each chunk (seamless boundaries)."),
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0 for all)."),
+    port: int = typer.Option(8091, min=0, max=65535, help="Port to listen on."),
+    api_key: Optional[str] = typer.Option(None, envvar="TTSBENCH_API_KEY", help="Require 'Authorization: Bearer <key>' on /v1/*."),
+    voices_dir: Optional[Path] = typer.Option(None, help="Where uploaded voices are stored (default: ~/.cache/ttsbench/voices/<model>)."),
+    served_model_name: Optional[str] = typer.Option(None, help="Model id listed at /v1/models (default: --model as given)."),
+    enforce_eager: bool = typer.Option(False, help="Never capture CUDA graphs (always true on CPU)."),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """Run the reference Qwen3-TTS server (OpenAI- and vllm-omni-compatible /v1/audio/speech)."""
+    import logging
+
+    try:
+        from serving.api.main import ServeOptions, serve_forever
+    except ImportError as e:
+        _fail(f"the reference server needs the 'serve' extra (torch, safetensors, soxr): {e}", 2)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    options = ServeOptions(
+        model=model, load_format=load_format, dtype=dtype, talker_device=talker_device, codec_device=codec_device,
+        max_batch_size=max_batch_size, max_queue=max_queue, kv_cache_gb=kv_cache_gb, max_model_len=max_model_len,
+        chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames, left_context_frames=left_context_frames,
+        host=host, port=port, api_key=api_key, voices_dir=voices_dir, served_model_name=served_model_name,
+        enforce_eager=enforce_eager)
+    try:
+        serve_forever(options)
+    except ValueError as e:  # bad option values, unknown model, offline without a cached checkpoint
+        _fail(str(e), 2)
