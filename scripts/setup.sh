@@ -31,4 +31,9 @@ if [ "$want_test" = 1 ]; then
     sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
     $sudo_cmd apt-get install -y -q espeak-ng sox || { $sudo_cmd apt-get update -q && $sudo_cmd apt-get install -y -q espeak-ng sox; }
   fi
+  # chromium: the report tests render the HTML report headless and save a screenshot.
+  if ! command -v chromium >/dev/null; then
+    sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
+    $sudo_cmd apt-get install -y -q chromium || { $sudo_cmd apt-get update -q && $sudo_cmd apt-get install -y -q chromium; }
+  fi
 fi
