@@ -252,7 +252,7 @@ def _check_task_fields(req: SpeechRequest, caps: Capabilities) -> None:
                               "CustomVoice uses a built-in 'voice'", "ref_audio" if req.ref_audio else
                               "speaker_embedding")
         if req.voice is None:
-            req.voice = caps.speakers[0] if caps.speakers else None
+            req.voice = "vivian" if "vivian" in caps.speakers else (caps.speakers[0] if caps.speakers else None)
         if req.voice not in caps.speakers:
             raise bad_request(f"unknown voice {req.voice!r}; built-in speakers: {', '.join(caps.speakers)}",
                               "voice", "unknown_voice")

@@ -77,6 +77,8 @@ class CodecRunner:
         wav = self.decoder.decode_chunk(codes_t, context_b).float().cpu().numpy()
         return [wav[i, : len(new) * self.samples_per_frame] for i, (_, new) in enumerate(chunks)]
 
-    def warmup(self, frames: int) -> None:
-        zeros = np.zeros((frames, self.num_quantizers), dtype=np.int64)
-        self.decode([(zeros[:0], zeros)])
+    def warmup(self, frame_counts: tuple[int, ...]) -> None:
+        """Decode silence at the chunk sizes streams use (allocations, kernel selection)."""
+        for frames in frame_counts:
+            zeros = np.zeros((frames, self.num_quantizers), dtype=np.int64)
+            self.decode([(zeros[:0], zeros)])

@@ -83,6 +83,7 @@ class RequestStream:
         self.finished = False  # every chunk was delivered
         self.cancelled = False
         self.slot: int | None = None
+        self.max_frames = request.max_new_tokens  # lowered at prefill when the prompt leaves less room
         self.codec: CodecStream | None = None
         self.t_submit = time.monotonic()
 
@@ -218,7 +219,8 @@ class Engine:
             for slot, stream in admitted:
                 stream.slot = slot
                 try:
-                    context = await loop.run_in_executor(self._talker_pool, self.runner.prefill, slot, stream.request)
+                    context, stream.max_frames = await loop.run_in_executor(
+                        self._talker_pool, self.runner.prefill, slot, stream.request)
                 except ValueError as exc:  # the prompt does not fit, or bad reference audio
                     self._fail(stream, RequestFailed(str(exc)))
                     continue
@@ -252,7 +254,7 @@ class Engine:
                 if not ended[slot]:
                     stream.codec.pending.append(codes[slot])
                     stream.frames += 1
-                if ended[slot] or stream.frames >= stream.request.max_new_tokens:
+                if ended[slot] or stream.frames >= stream.max_frames:
                     self._release(stream)
                     stream.codec.finished = True
             self._wake_codec.set()

@@ -1,0 +1,67 @@
+"""From an engine request to the talker's prompt: reference audio becomes an x-vector and codes first.
+
+The prompt layout itself is serving.model.prompt's; this adds what serving needs around it: the task names
+of the API, the speaker encoder and codec encoder on the talker's device, and a cache so an uploaded voice
+is encoded once, not on every request.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from serving.engine.request import GenerationRequest
+from serving.model.prompt import Prompt, SynthesisRequest
+from serving.model.prompt import PromptBuilder as TalkerPromptBuilder
+from serving.model.prompt import load_text_tokenizer
+
+MODEL_TASKS = {"CustomVoice": "custom_voice", "VoiceDesign": "voice_design", "Base": "voice_clone"}
+SAMPLE_RATE = 24000
+
+
+class PromptBuilder:
+    def __init__(self, path, model, model_cfg, generation_defaults, codec_encoder, device: torch.device):
+        self.model = model
+        self.cfg = model_cfg
+        self.defaults = generation_defaults
+        self.codec_encoder = codec_encoder
+        self.device = device
+        self.builder = TalkerPromptBuilder(model_cfg, model.talker, load_text_tokenizer(str(path)))
+        self.num_groups = model_cfg.talker.num_code_groups
+
+    def tts_pad_embed(self) -> torch.Tensor:
+        with torch.inference_mode():
+            ids = torch.tensor([[self.cfg.tts_pad_token_id]], device=self.device)
+            return self.model.talker.embed_text(ids)[0, 0]
+
+    @torch.inference_mode()
+    def build(self, request: GenerationRequest,
+              cached: Callable[[str | None, Callable[[], tuple]], tuple]) -> tuple[Prompt, np.ndarray]:
+        """(talker prompt, reference codes (n, Q) for the codec's first-chunk context). ValueError if unusable."""
+        embedding = ref_codes = None
+        if request.task == "Base":
+            if request.speaker_embedding is not None:
+                embedding = torch.as_tensor(request.speaker_embedding, dtype=torch.float32)
+            else:
+                embedding, ref_codes = cached(request.voice_key,
+                                              lambda: self._encode_reference(request.ref_audio))
+                if request.x_vector_only:
+                    ref_codes = None
+        synthesis = SynthesisRequest(
+            text=request.text, task=MODEL_TASKS[request.task], language=request.language,
+            speaker=request.speaker, instruct=request.instructions, speaker_embedding=embedding,
+            ref_codes=ref_codes, ref_text=request.ref_text if ref_codes is not None else None,
+            non_streaming_text=request.non_streaming_mode)
+        prompt = self.builder.build(synthesis)
+        codes = (ref_codes.cpu().numpy().astype(np.int64) if ref_codes is not None
+                 else np.zeros((0, self.num_groups), dtype=np.int64))
+        return prompt, codes
+
+    def _encode_reference(self, audio: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if audio is None or self.model.speaker_encoder is None or self.codec_encoder is None:
+            raise ValueError("voice cloning needs reference audio and a Base checkpoint")
+        embedding = self.model.speaker_encoder.embed(audio, SAMPLE_RATE).float().cpu()
+        codes = self.codec_encoder.encode([audio], SAMPLE_RATE)[0]
+        return embedding, codes
