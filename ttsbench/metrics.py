@@ -76,7 +76,7 @@ def request_figures(raw: RawResponse, dec: Decoded, playback_buffer_s: float = 0
         "chunks": [[_ms(t - t0), n] for t, n, _ in chunks],
         "bytes": dec.n_bytes,
         "sample_rate": dec.sample_rate,
-        "audio_s": None if dec.audio_s is None else round(dec.audio_s, 6),
+        "audio_s": dec.audio_s,  # exact: samples / rate
         "rtf": round(e2e / dec.audio_s, 6) if ok and e2e is not None and dec.audio_s else None,
         "n_chunks": len(chunks),
         "max_gap_ms": _ms(max(gaps)) if gaps else None,

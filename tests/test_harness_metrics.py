@@ -1,0 +1,85 @@
+"""The playback underrun model and the aggregation of request records, on hand-computed cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ttsbench import metrics
+
+
+def test_underrun_none_when_audio_arrives_faster_than_real_time():
+    chunks = [(0.1 + 0.05 * i, 0.1) for i in range(10)]
+    assert metrics.underrun(chunks) == (0.0, 0.0)
+
+
+def test_underrun_one_stall():
+    # 0.4 s of audio by t=0.25 (player from 0.1 runs dry at 0.5); next audio at 1.0: 0.5 s starved
+    chunks = [(0.1, 0.1), (0.15, 0.1), (0.2, 0.1), (0.25, 0.1), (1.0, 0.1), (1.05, 0.1)]
+    total, worst = metrics.underrun(chunks)
+    assert total == pytest.approx(0.5) and worst == pytest.approx(0.5)
+
+
+def test_underrun_several_stalls_total_and_worst():
+    # real-time-or-slower chunks: each 0.1 s of audio, arriving every 0.3 s -> 0.2 s starved each time
+    chunks = [(0.3 * i, 0.1) for i in range(5)]
+    total, worst = metrics.underrun(chunks)
+    assert total == pytest.approx(0.8) and worst == pytest.approx(0.2)
+
+
+def test_startup_buffer_absorbs_a_stall():
+    chunks = [(0.0, 0.1), (0.3, 0.1), (0.4, 1.0)]
+    assert metrics.underrun(chunks)[0] == pytest.approx(0.2)
+    assert metrics.underrun(chunks, buffer_s=0.2) == (0.0, 0.0)
+    # the player starts at the last arrival if the stream ends within the buffer
+    assert metrics.underrun([(0.0, 0.1), (0.05, 0.1)], buffer_s=5.0) == (0.0, 0.0)
+
+
+def _record(i, level="c2", ok=True, ttfab=100.0, e2e=1000.0, audio=2.0, underrun=0.0, session=0, t0=0.0,
+            error=None, warmup=False):
+    return {"id": f"custom/short/{level}/{i}", "task": "custom", "set": "short", "level": level,
+            "mode": "concurrency", "concurrency": int(level[1:]), "rate": None, "warmup": warmup,
+            "session": session, "ok": ok, "error": error, "t_start": t0, "ttfab_ms": ttfab,
+            "e2e_ms": e2e, "audio_s": audio if ok else None, "rtf": e2e / 1000 / audio if ok else None,
+            "underrun_s": underrun, "max_gap_ms": 50.0}
+
+
+def test_summarize_row():
+    ttfabs = [50.0, 100.0, 150.0, 250.0, 400.0]
+    records = [_record(i, ttfab=t, t0=i * 0.5, underrun=0.1 if i == 1 else 0.0) for i, t in enumerate(ttfabs)]
+    records.append(_record(9, ok=False, error="http_500", ttfab=None, e2e=5.0, t0=0.2))
+    records.append(_record(0, warmup=True, ttfab=9999.0, t0=-10.0))
+    (row,) = metrics.summarize(records, metrics.SLO(ttfab_ms=200.0, underrun_s=0.0))
+    assert row["completed"] == 5 and row["failed"] == 1 and row["errors"] == {"http_500": 1}
+    # first send 0.0 (warmup excluded), last end 2.0 + 1.0
+    assert row["duration_s"] == pytest.approx(3.0)
+    assert row["request_throughput"] == pytest.approx(5 / 3.0)
+    assert row["total_audio_s"] == pytest.approx(10.0)
+    assert row["audio_throughput"] == pytest.approx(10 / 3.0)
+    assert row["frames_per_s"] == pytest.approx(10 / 3.0 * 12.5)
+    # good: ttfab < 200 and no underrun -> items 0 and 2 of 6 requests
+    assert row["goodput"] == pytest.approx(2 / 6)
+    assert row["ttfab_ms_mean"] == pytest.approx(np.mean(ttfabs))
+    assert row["ttfab_ms_median"] == pytest.approx(150.0)
+    assert row["ttfab_ms_p90"] == pytest.approx(np.percentile(ttfabs, 90))
+    assert row["ttfab_ms_p99"] == pytest.approx(np.percentile(ttfabs, 99))
+    assert row["ttfab_ms_max"] == 400.0
+    assert row["underrun_s_max"] == pytest.approx(0.1)
+
+
+def test_summarize_resumed_level_does_not_count_the_pause():
+    records = [_record(0, t0=0.0), _record(1, t0=0.5),            # session 0: 0.0 .. 1.5
+               _record(2, t0=100.0, session=1)]                   # session 1: 100.0 .. 101.0
+    (row,) = metrics.summarize(records, metrics.SLO())
+    assert row["duration_s"] == pytest.approx(2.5)
+
+
+def test_summarize_keeps_levels_apart_and_in_order():
+    records = [_record(0, level="c8"), _record(0, level="c1"), _record(1, level="c8", ok=False, error="timeout")]
+    rows = metrics.summarize(records, metrics.SLO())
+    assert [(r["level"], r["concurrency"], r["completed"], r["failed"]) for r in rows] == [("c8", 8, 1, 1), ("c1", 1, 1, 0)]
+
+
+def test_summarize_all_failed_gives_null_statistics():
+    (row,) = metrics.summarize([_record(0, ok=False, error="connect", ttfab=None)], metrics.SLO())
+    assert row["completed"] == 0 and row["ttfab_ms_p99"] is None and row["goodput"] == 0.0
