@@ -136,9 +136,10 @@ class _Session:
                  console: Console, session: int):
         self.run, self.config, self.console, self.session = run, config, console, session
         self.client = SpeechClient(base_url, api_key, config.timeout)
-        self.done_ids = {r["id"] for r in run.records()}
+        records = run.records()
+        self.done_ids = {r["id"] for r in records}
         self.warmups_done: dict[str, int] = {}
-        for r in run.records():
+        for r in records:
             if r.get("warmup"):
                 cell = r["id"].rsplit("/", 1)[0]
                 self.warmups_done[cell] = self.warmups_done.get(cell, 0) + 1
