@@ -243,7 +243,7 @@ def tiny_codec_config() -> CodecConfig:
         encoder=CodecEncoderConfig(
             hidden_size=32, num_filters=4, codebook_dim=16, vector_quantization_hidden_dimension=16,
             num_hidden_layers=2, intermediate_size=64, num_attention_heads=4, num_key_value_heads=4,
-            frame_rate=12.5,
+            upsample_groups=32, frame_rate=12.5,
         ),
         decoder=CodecDecoderConfig(
             codebook_dim=32, latent_dim=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

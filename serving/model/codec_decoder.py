@@ -207,7 +207,15 @@ class LayerScale(nn.Module):
         return self.scale * x
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rope_tables(num_positions: int, head_dim: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-half RoPE cos/sin for positions 0..num_positions-1, as transformers' default rotary embedding."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    freqs_tk = torch.outer(torch.arange(num_positions, device=device, dtype=torch.float32), inv_freq)
+    emb_tk = torch.cat((freqs_tk, freqs_tk), dim=-1)
+    return emb_tk.cos().to(dtype), emb_tk.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -230,8 +238,8 @@ class Attention(nn.Module):
         q = self.q_proj(x_btc).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x_btc).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x_btc).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos_tk + _rotate_half(q) * sin_tk
-        k = k * cos_tk + _rotate_half(k) * sin_tk
+        q = q * cos_tk + rotate_half(q) * sin_tk
+        k = k * cos_tk + rotate_half(k) * sin_tk
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_b1tt,
                                              enable_gqa=self.num_kv_heads != self.num_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
@@ -273,15 +281,10 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList([TransformerLayer(config) for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.output_proj = nn.Linear(config.hidden_size, config.latent_dim)
-        inv_freq = 1.0 / (config.rope_theta ** (
-            torch.arange(0, config.head_dim, 2, dtype=torch.int64).float() / config.head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def rope(self, num_frames: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(num_frames, device=device, dtype=torch.float32)
-        freqs_tk = torch.outer(positions, self.inv_freq.float())
-        emb_tk = torch.cat((freqs_tk, freqs_tk), dim=-1)
-        return emb_tk.cos().to(dtype), emb_tk.sin().to(dtype)
+        """cos, sin (T, head_dim) computed in fp32 each call (a few hundred values; no buffer to keep in fp32)."""
+        return rope_tables(num_frames, self.config.head_dim, self.config.rope_theta, device, dtype)
 
     def attention_mask(self, num_frames: int, keep_bt: torch.Tensor | None, device) -> torch.Tensor:
         """(B or 1, 1, T, T) bool: causal, within the window, key not padding (a query always sees itself,
