@@ -76,7 +76,7 @@ def parse(path: Path) -> ReportParser:
     p = ReportParser()
     p.feed(path.read_text(encoding="utf-8"))
     for sec in p.sections.values():
-        sec["text"] = " ".join(sec["text"])
+        sec["text"] = " ".join(" ".join(sec["text"]).split())
     return p
 
 
@@ -114,12 +114,19 @@ def _summary(run: Path) -> dict:
 def test_single_run_has_every_section_table_and_figure(runs, reports):
     p = parse(reports["single"])
     ids = set(p.sections)
-    assert {"configuration", "quality", "errors",
+    assert {"overview", "configuration", "quality", "errors",
             "results-custom-short-concurrency", "results-clone-medium-concurrency"} <= ids
     cfg = p.sections["configuration"]["text"]
     assert "http://127.0.0.1:8091" in cfg and "Qwen3-TTS-12Hz-0.6B-CustomVoice" in cfg and "ci-runner" in cfg
     assert "ttsbench run --url" in cfg and "2025-11-21T10:00:00" in cfg
     summary = _summary(runs["base"])
+    overview = p.sections["overview"]["text"]
+    for task, set_ in (("custom", "short"), ("clone", "medium")):
+        rows = [r for r in summary["rows"] if (r["task"], r["set"]) == (task, set_)]
+        peak = max(rows, key=lambda r: r["audio_throughput"])
+        assert f"{task} / {set_}" in overview
+        assert f"{peak['audio_throughput']:,.2f} @{peak['level']}" in overview
+        assert f"{rows[-1]['ttfab_ms_p95']:,.1f} @c8" in overview
     for task, set_ in (("custom", "short"), ("clone", "medium")):
         sec = p.sections[f"results-{task}-{set_}-concurrency"]
         assert sec["attrs"]["data-mode"] == "concurrency"

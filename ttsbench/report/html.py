@@ -127,7 +127,7 @@ def render(runs: list[Run]) -> str:
     groups = groups_of(runs)
     labels = ", ".join(run.label for run in runs)
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    nav = ['<a href="#configuration">configuration</a>']
+    nav = ['<a href="#overview">overview</a>', '<a href="#configuration">configuration</a>']
     nav += [f'<a href="#{_slug("results", t, s, m)}">{escape(t)} / {escape(s)}'
             f'{" (rate)" if m == "rate" else ""}</a>' for t, s, m, _ in groups]
     nav += ['<a href="#quality">quality</a>', '<a href="#errors">errors</a>']
@@ -138,11 +138,18 @@ def render(runs: list[Run]) -> str:
     if notes:
         body.append('<div class="warn" id="notes">' + "<br>".join(escape(n) for n in notes) + "</div>")
 
+    overview = tables.overview_table(runs)
+    if overview:
+        body.append('<section id="overview"><h2>Overview</h2>'
+                    f'<div class="scroll">{overview}</div></section>')
+
+    main, options, packages = tables.run_tables(runs)
     body.append('<section id="configuration"><h2>Run configuration and server</h2>')
-    body.append(f'<div class="scroll">{tables.config_table(runs)}</div>')
-    pkgs = tables.packages_table(runs)
-    if pkgs:
-        body.append(f'<details><summary>package versions</summary><div class="scroll">{pkgs}</div></details>')
+    body.append(f'<div class="scroll">{main}</div>')
+    for title, table in (("every run option and the host", options), ("package versions", packages)):
+        if table:
+            body.append(f'<details{" open" if len(runs) > 1 and "differs" in table else ""}>'
+                        f'<summary>{title}</summary><div class="scroll">{table}</div></details>')
     body.append("</section>")
 
     if not groups:

@@ -14,7 +14,7 @@ from html import escape
 
 import pandas as pd
 
-from ttsbench.report.rundir import Run
+from ttsbench.report.rundir import Run, level_key
 
 # (key, label, format, better): the summary row figures, in reading order.
 _DIST = ("mean", "median", "p90", "p95", "p99", "max")
@@ -202,49 +202,89 @@ def errors_tables(runs: list[Run], examples: int = 3) -> tuple[str | None, str |
     return counts_html, details_html
 
 
-def config_table(runs: list[Run]) -> str:
-    """Configuration, server and host of each run; rows where runs differ are highlighted."""
-    entries: list[dict[str, str]] = []
+def overview_table(runs: list[Run]) -> str | None:
+    """One line per run and task/set: the headline figures, so the first screen answers "how fast"."""
+    records = []
+    for run in runs:
+        quality = {(q["task"], q["set"]): q for q in run.quality}
+        for (task, set_), rows in _by_task_set(run.rows).items():
+            rows = sorted(rows, key=lambda r: level_key(r["level"]))
+            low, high = rows[0], rows[-1]
+            rec = {"task / set": escape(f"{task} / {set_}"), "run": escape(run.label),
+                   "levels": escape(", ".join(r["level"] for r in rows)),
+                   "completed / failed": f"{sum(r.get('completed') or 0 for r in rows):,} / "
+                                         f"{sum(r.get('failed') or 0 for r in rows):,}",
+                   "TTFAB p50 at lowest load": _at(low, "ttfab_ms_median", "ms"),
+                   "TTFAB p95 at highest load": _at(high, "ttfab_ms_p95", "ms"),
+                   "E2E p95 at highest load": _at(high, "e2e_ms_p95", "ms"),
+                   "peak audio throughput": _peak(rows, "audio_throughput", max, "f2"),
+                   "peak requests / s": _peak(rows, "request_throughput", max, "f2"),
+                   "worst underrun p95 s": _peak(rows, "underrun_s_p95", max, "f3")}
+            if quality:
+                q = quality.get((task, set_), {})
+                rec["WER mean"] = fmt_value(q.get("wer_mean"), "pct")
+                rec["SIM mean"] = fmt_value(q.get("sim_mean"), "f3")
+            records.append(rec)
+    if not records:
+        return None
+    df = pd.DataFrame(records).fillna("–")
+    if len(runs) == 1:
+        df = df.drop(columns="run")
+    return df.to_html(escape=False, index=False, classes="list-table overview", border=0)
+
+
+def _by_task_set(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    out: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        out.setdefault((r["task"], r["set"]), []).append(r)
+    return out
+
+
+def _at(row: dict, key: str, fmt: str) -> str:
+    return f"{fmt_value(row.get(key), fmt)} <span class=\"chg\">@{escape(row['level'])}</span>"
+
+
+def _peak(rows: list[dict], key: str, pick, fmt: str) -> str:
+    valued = [r for r in rows if isinstance(r.get(key), (int, float))]
+    return _at(pick(valued, key=lambda r: r[key]), key, fmt) if valued else "–"
+
+
+def run_tables(runs: list[Run]) -> tuple[str, str | None, str | None]:
+    """(server and command, every option of the run and its host, package versions), runs side by side."""
+    main, options, packages = [], [], []
     for run in runs:
         m = run.meta
-        e = {
+        command = m.get("command")
+        main.append({
             "directory": str(run.path),
             "started / finished": f"{m.get('started_at') or '?'} / {m.get('finished_at') or 'not finished'}",
-            "command": shlex.join(map(str, m["command"])) if isinstance(m.get("command"), list) else str(m.get("command", "")),
+            "command": shlex.join(map(str, command)) if isinstance(command, list) else str(command or ""),
             "ttsbench": str(m.get("ttsbench_version", "")),
             "url": str(m.get("url") or ""),
-            "embedded server": _compact(m.get("embedded_server")),
-            "server": _server_text(m.get("server")),
+            "embedded server": _compact(m.get("embedded_server")) or "no",
+            "server": _compact(m.get("server")) or "not recorded",
             "SLO": _compact(run.summary.get("slo")),
-        }
-        for key, value in (m.get("config") or {}).items():
-            e[f"config: {key}"] = _compact(value)
-        for key, value in (m.get("host") or {}).items():
-            e[f"host: {key}"] = _compact(value)
-        entries.append(e)
+        })
+        opts = {f"config: {k}": _compact(v) for k, v in (m.get("config") or {}).items()}
+        opts.update({f"host: {k}": _compact(v) for k, v in (m.get("host") or {}).items()})
+        options.append(opts)
+        packages.append({str(k): str(v) for k, v in (m.get("packages") or {}).items()})
+    return (_side_by_side(runs, main, fixed=("directory", "started / finished")),
+            _side_by_side(runs, options), _side_by_side(runs, packages, sort=True))
+
+
+def _side_by_side(runs: list[Run], entries: list[dict[str, str]], fixed=(), sort=False) -> str | None:
+    """Keys down the side, one column per run; with several runs, keys whose values differ are marked."""
     keys = list(dict.fromkeys(k for e in entries for k in e))
-    data = {escape(run.label): [escape(e.get(k, "")) for k in keys] for run, e in zip(runs, entries)}
-    # With several runs, mark the settings that differ between them (what changed between runs).
-    fixed = ("directory", "started / finished")
+    if not keys:
+        return None
+    if sort:
+        keys.sort(key=str.lower)
+    data = {escape(run.label): [escape(e.get(k, "–")) for k in keys] for run, e in zip(runs, entries)}
     index = [f'<span class="differs" title="differs between runs">{escape(k)}</span>'
-             if len(runs) > 1 and k not in fixed and len({e.get(k, "") for e in entries}) > 1 else escape(k)
+             if len(runs) > 1 and k not in fixed and len({e.get(k, "–") for e in entries}) > 1 else escape(k)
              for k in keys]
     return pd.DataFrame(data, index=index).to_html(escape=False, classes="config-table", border=0)
-
-
-def packages_table(runs: list[Run]) -> str | None:
-    names = sorted({n for run in runs for n in (run.meta.get("packages") or {})}, key=str.lower)
-    if not names:
-        return None
-    data = {escape(run.label): [escape(str((run.meta.get("packages") or {}).get(n, "–"))) for n in names]
-            for run in runs}
-    return pd.DataFrame(data, index=[escape(n) for n in names]).to_html(escape=False, classes="config-table", border=0)
-
-
-def _server_text(server) -> str:
-    if not server:
-        return "not recorded"
-    return _compact(server)
 
 
 def _compact(value) -> str:
