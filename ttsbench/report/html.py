@@ -34,6 +34,7 @@ tbody th { text-align: left; font-weight: 500; background: #fafbfd; }
 table.config-table td, table.list-table td { text-align: left; white-space: normal; max-width: 560px;
   overflow-wrap: anywhere; }
 .chg { color: var(--muted); font-size: 11.5px; } .chg.worse { color: var(--bad); } .chg.better { color: var(--good); }
+table.overview td { white-space: nowrap; } table.overview th { white-space: normal; min-width: 70px; }
 .missing { color: var(--bad); font-style: italic; }
 .differs { background: #fff3c4; padding: 0 3px; }
 .figs { display: grid; grid-template-columns: 1fr; gap: 14px; }

@@ -210,9 +210,9 @@ def overview_table(runs: list[Run]) -> str | None:
         for (task, set_), rows in _by_task_set(run.rows).items():
             rows = sorted(rows, key=lambda r: level_key(r["level"]))
             low, high = rows[0], rows[-1]
-            rec = {"task / set": escape(f"{task} / {set_}"), "run": escape(run.label),
+            rec = {"task / set": escape(f"{task} / {set_}"), "run": run.label,
                    "levels": escape(", ".join(r["level"] for r in rows)),
-                   "completed / failed": f"{sum(r.get('completed') or 0 for r in rows):,} / "
+                   "ok / failed": f"{sum(r.get('completed') or 0 for r in rows):,} / "
                                          f"{sum(r.get('failed') or 0 for r in rows):,}",
                    "TTFAB p50 at lowest load": _at(low, "ttfab_ms_median", "ms"),
                    "TTFAB p95 at highest load": _at(high, "ttfab_ms_p95", "ms"),
@@ -227,9 +227,13 @@ def overview_table(runs: list[Run]) -> str | None:
             records.append(rec)
     if not records:
         return None
+    order = {run.label: i for i, run in enumerate(runs)}
+    records.sort(key=lambda r: (r["task / set"], order[r["run"]]))   # runs of a task/set together
     df = pd.DataFrame(records).fillna("–")
     if len(runs) == 1:
         df = df.drop(columns="run")
+    else:
+        df["run"] = df["run"].map(escape)
     return df.to_html(escape=False, index=False, classes="list-table overview", border=0)
 
 
