@@ -55,9 +55,10 @@ def encode(samples: np.ndarray, fmt: str, sample_rate: int = SAMPLE_RATE) -> byt
         return wav_header(len(pcm), sample_rate) + pcm
     container, subtype = _SOUNDFILE_FORMATS[fmt]
     buf = io.BytesIO()
-    data = np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0)
+    # From the same int16 samples as wav/pcm, so a lossless format holds exactly the PCM answer.
+    data = np.frombuffer(to_pcm16(samples), dtype="<i2")
     if len(data) == 0:  # encoders reject empty input; a tenth of a second of silence is still a valid file
-        data = np.zeros(sample_rate // 10, dtype=np.float32)
+        data = np.zeros(sample_rate // 10, dtype=np.int16)
     sf.write(buf, data, sample_rate, format=container, subtype=subtype)
     return buf.getvalue()
 

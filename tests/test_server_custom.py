@@ -1,0 +1,191 @@
+"""The reference server end to end on a real socket, CustomVoice tiny random checkpoint."""
+
+import base64
+import concurrent.futures as cf
+import http.client
+import io
+import json
+import struct
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from tests.server_fixtures import ServerThread, post_json
+
+pytestmark = pytest.mark.slow
+FRAMES = 6  # max_new_tokens of most requests: random weights never end speech, so this is the length
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = ServerThread("tiny-random", tmp_path_factory.mktemp("voices"), max_batch_size=8, max_queue=4)
+    yield srv
+    srv.stop()
+
+
+def speech(server, timeout=120, **fields):
+    body = {"input": "Hello world.", "voice": "vivian", "max_new_tokens": FRAMES, "seed": 7, **fields}
+    return post_json(server.url + "/v1/audio/speech", body, timeout=timeout)
+
+
+def pcm_of(status_headers_body):
+    status, headers, body = status_headers_body
+    assert status == 200, body[:300]
+    return np.frombuffer(body, "<i2")
+
+
+def test_health_models_and_metrics(server):
+    with urllib.request.urlopen(server.url + "/health") as r:
+        health = json.loads(r.read())
+    assert health["status"] == "ok" and health["engine"]["num_slots"] == 8
+    with urllib.request.urlopen(server.url + "/v1/models") as r:
+        models = json.loads(r.read())
+    assert models["data"][0]["id"] == "tiny-random" and models["data"][0]["task_type"] == "CustomVoice"
+    assert "vivian" in models["data"][0]["speakers"]
+    m = server.metrics()
+    assert m["ttsbench_kv_slots_total"] == 8 and "ttsbench_queue_depth" in m
+
+
+def test_every_format_non_streaming(server):
+    pcm = pcm_of(speech(server, response_format="pcm"))
+    assert len(pcm) == FRAMES * 1920
+    status, headers, wav = speech(server, response_format="wav")
+    assert status == 200 and headers["Content-Type"] == "audio/wav" and headers["X-Sample-Rate"] == "24000"
+    assert headers["X-Seed"] == "7" and headers["X-Request-Id"]
+    assert wav[44:] == pcm.tobytes() and struct.unpack("<I", wav[40:44])[0] == len(pcm) * 2
+    for fmt in ("flac", "mp3", "opus"):
+        status, headers, body = speech(server, response_format=fmt)
+        assert status == 200, body[:200]
+        audio, sr = sf.read(io.BytesIO(body), dtype="float32")
+        assert sr == 24000 and abs(len(audio) - len(pcm)) < 0.1 * len(pcm)
+        if fmt == "flac":
+            assert np.array_equal(sf.read(io.BytesIO(body), dtype="int16")[0], pcm)
+
+
+def test_streamed_chunks_equal_the_whole_response(server):
+    whole = pcm_of(speech(server, response_format="pcm"))
+    status, headers, body = speech(server, response_format="pcm", stream=True)
+    assert status == 200 and headers["Content-Type"] == "audio/pcm"
+    assert np.array_equal(np.frombuffer(body, "<i2"), whole)
+    status, headers, body = speech(server, response_format="wav", stream=True)
+    assert body[:4] == b"RIFF" and struct.unpack("<I", body[40:44])[0] == 0xFFFFFFFF
+    assert np.array_equal(np.frombuffer(body[44:], "<i2"), whole)
+    status, headers, body = speech(server, response_format="pcm", stream=True, stream_format="sse")
+    assert headers["Content-Type"] == "text/event-stream"
+    events = [json.loads(line[6:]) for line in body.decode().split("\n\n") if line.startswith("data: ")]
+    assert [e["type"] for e in events][-1] == "speech.audio.done" and len(events) >= 3
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    assert np.array_equal(np.frombuffer(audio, "<i2"), whole)
+    # another first chunk size re-chunks the same codes: with every earlier frame as context (6 < 8 frames)
+    # the audio is the same up to float rounding in the decoder
+    rechunked = pcm_of(speech(server, response_format="pcm", initial_codec_chunk_frames=1))
+    assert np.abs(rechunked.astype(int) - whole).max() <= 2
+
+
+def test_concurrent_seeded_requests_equal_sequential(server):
+    variants = [dict(seed=i, temperature=0.5 + 0.1 * i, voice=v, top_k=[0, 10, 50][i % 3],
+                     language=["auto", "english", "chinese"][i % 3], do_sample=i != 3)
+                for i, v in enumerate(["vivian", "ryan", "dylan", "eric", "aiden", "serena", "sohee", "vivian"])]
+    sequential = [pcm_of(speech(server, response_format="pcm", **v)) for v in variants]
+    with cf.ThreadPoolExecutor(8) as pool:
+        concurrent = list(pool.map(lambda v: pcm_of(speech(server, response_format="pcm", **v)), variants))
+    for a, b in zip(sequential, concurrent):  # same codes; the batched codec may round the last bit apart
+        assert np.abs(a.astype(int) - b).max() <= 2
+    assert len({a.tobytes() for a in sequential}) == 8  # the parameters really differ per request
+
+
+def test_speed_changes_duration(server):
+    fast = pcm_of(speech(server, response_format="pcm", speed=2.0))
+    assert len(fast) == FRAMES * 1920 // 2
+
+
+@pytest.mark.parametrize("body,status,param", [
+    ({"input": ""}, 400, "input"),
+    ({"input": "x" * 5000}, 400, "input"),
+    ({"input": "hi", "voice": "nobody"}, 400, "voice"),
+    ({"input": "hi", "language": "elvish"}, 400, "language"),
+    ({"input": "hi", "task_type": "Base"}, 400, "task_type"),
+    ({"input": "hi", "model": "other-model"}, 404, "model"),
+    ({"input": "hi", "ref_audio": "data:audio/wav;base64,!!"}, 400, "ref_audio"),
+    ({"input": "hi", "max_new_tokens": 300}, 400, "input"),
+])
+def test_errors_then_a_good_request(server, body, status, param):
+    got, headers, raw = post_json(server.url + "/v1/audio/speech", body)
+    err = json.loads(raw)["error"]
+    assert got == status and err["param"] == param and err["message"] and "Traceback" not in raw.decode()
+    assert set(err) == {"message", "type", "param", "code"}
+    assert len(pcm_of(speech(server, response_format="pcm"))) == FRAMES * 1920
+
+
+def test_protocol_errors_404_413_and_bad_json(server):
+    for path, data, ctype, status in (("/v1/audio/speech", b"{not json", "application/json", 400),
+                                      ("/v1/nothing", b"{}", "application/json", 404),
+                                      ("/v1/audio/speech", b"x" * (17 * 1024 * 1024), "application/json", 413)):
+        req = urllib.request.Request(server.url + path, data=data, method="POST", headers={"Content-Type": ctype})
+        try:
+            urllib.request.urlopen(req, timeout=60)
+            raise AssertionError("expected an error")
+        except urllib.error.HTTPError as e:
+            assert e.code == status and "error" in json.loads(e.read())
+        except (ConnectionResetError, BrokenPipeError):
+            assert status == 413  # the server may close before the client finishes sending 17 MB
+    assert len(pcm_of(speech(server, response_format="pcm"))) == FRAMES * 1920
+
+
+def test_disconnect_frees_the_slot(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    body = json.dumps({"input": "A long one.", "voice": "ryan", "max_new_tokens": 200, "stream": True,
+                       "response_format": "pcm", "seed": 1})
+    conn.request("POST", "/v1/audio/speech", body=body, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and len(resp.read1(4096)) > 0
+    assert server.metrics()["ttsbench_running"] == 1
+    before = server.metrics().get("ttsbench_cancelled_requests_total", 0)
+    conn.sock.close()
+    conn.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        m = server.metrics()
+        if m["ttsbench_running"] == 0 and m["ttsbench_kv_slots_free"] == 8:
+            break
+        time.sleep(0.1)
+    assert m["ttsbench_running"] == 0 and m["ttsbench_kv_slots_free"] == 8
+    assert m["ttsbench_cancelled_requests_total"] == before + 1
+    assert m["ttsbench_frames_generated_total"] < 10_000
+
+
+def test_burst_beyond_the_queue_gets_503_with_retry_after(server):
+    def one(i):
+        return post_json(server.url + "/v1/audio/speech",
+                         {"input": "Burst.", "voice": "vivian", "max_new_tokens": 4, "seed": i,
+                          "response_format": "pcm"}, timeout=300)
+
+    with cf.ThreadPoolExecutor(24) as pool:
+        results = list(pool.map(one, range(24)))
+    statuses = [r[0] for r in results]
+    assert set(statuses) <= {200, 503} and statuses.count(200) >= 8 and 503 in statuses
+    for status, headers, body in results:
+        if status == 503:
+            assert int(headers["Retry-After"]) >= 1 and json.loads(body)["error"]["code"] == "server_busy"
+    assert len(pcm_of(speech(server, response_format="pcm"))) == FRAMES * 1920
+    assert server.metrics()['ttsbench_requests_total{endpoint="/v1/audio/speech",status="503"}'] >= 1
+
+
+def test_openai_sdk(server, tmp_path):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    resp = client.audio.speech.create(model="tiny-random", voice="vivian", input="Hello from the SDK.",
+                                      response_format="wav", extra_body={"max_new_tokens": FRAMES, "seed": 7})
+    audio, sr = sf.read(io.BytesIO(resp.content))
+    assert sr == 24000 and len(audio) == FRAMES * 1920
+    out = tmp_path / "streamed.pcm"
+    with client.audio.speech.with_streaming_response.create(
+            model="tiny-random", voice="vivian", input="Hello world.", response_format="pcm",
+            extra_body={"max_new_tokens": FRAMES, "seed": 7, "stream": True}) as streamed:
+        streamed.stream_to_file(out)
+    assert out.read_bytes() == pcm_of(speech(server, response_format="pcm")).tobytes()
+    with pytest.raises(openai.BadRequestError):
+        client.audio.speech.create(model="tiny-random", voice="alloy", input="x")
