@@ -1,0 +1,194 @@
+"""Text side: the checkpoint's Qwen2 BPE tokenizer and the talker prompt (prefill embeddings + trailing text).
+
+Layouts follow the official Qwen3TTSForConditionalGeneration.generate, slice for slice (the same token
+slices go through the same projections, so the fp32 results are the same):
+
+  [P(instruct)]  P(role: "<|im_start|>assistant\\n")
+  (tts_pad ... tts_pad, tts_bos) + C(think|nothink, think_bos, [language], think_eos, [speaker], pad)
+  then one body:
+    streaming text       P(text[0]) + C(bos)                      trailing: P(text[1:]), P(tts_eos)
+    non-streaming text   (P(text), P(tts_eos)) + C(pad); P(tts_pad) + C(bos)       trailing: none
+    ICL voice clone      text track P(ref_text ++ text), P(tts_eos) against codec track
+                         C(bos), sum_g E_g(ref_code[t, g]) ...; non-streaming puts the whole text first
+                         (+ C(pad)), then the codec track (+ P(tts_pad)); streaming adds them position-wise
+                         and the text left over trails into the decode steps.
+After the trailing text runs out, every decode step adds P(tts_pad).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from serving.model.config import ModelConfig
+from serving.model.talker import Talker
+
+TASKS = ("custom_voice", "voice_design", "voice_clone")
+
+
+def load_text_tokenizer(path: str):
+    """The Qwen2 BPE tokenizer from the checkpoint's vocab.json / merges.txt / tokenizer_config.json."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def assistant_text(text: str) -> str:
+    return f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def ref_text(text: str) -> str:
+    return f"<|im_start|>assistant\n{text}<|im_end|>\n"
+
+
+def instruct_text(instruct: str) -> str:
+    return f"<|im_start|>user\n{instruct}<|im_end|>\n"
+
+
+@dataclass
+class SynthesisRequest:
+    """One utterance to synthesise. Which fields apply depends on the task:
+    custom_voice: speaker (+ instruct on 1.7B); voice_design: instruct; voice_clone: speaker_embedding
+    (x-vector, from reference audio or supplied by the caller) and, for ICL cloning, ref_codes + ref_text."""
+
+    text: str
+    task: str
+    language: str = "auto"
+    speaker: str | None = None
+    instruct: str | None = None
+    speaker_embedding: torch.Tensor | None = None  # [H]
+    ref_codes: torch.Tensor | None = None  # [T_ref, G] int64
+    ref_text: str | None = None
+    non_streaming_text: bool | None = None  # None: the task's official default
+
+    @property
+    def icl(self) -> bool:
+        return self.ref_codes is not None
+
+
+@dataclass
+class Prompt:
+    prefill: torch.Tensor  # [L, H]
+    trailing: torch.Tensor  # [T, H] text to add to decode steps 0..T-1 (may be empty)
+    tts_pad: torch.Tensor  # [H], added to every decode step after the trailing text
+
+
+def validate_request(cfg: ModelConfig, req: SynthesisRequest) -> None:
+    """Clear errors for requests the checkpoint cannot serve (raises ValueError)."""
+    if req.task not in TASKS:
+        raise ValueError(f"unknown task {req.task!r}; expected one of {TASKS}")
+    if req.task != cfg.task:
+        raise ValueError(f"this checkpoint ({cfg.tts_model_type}) serves task {cfg.task!r}, not {req.task!r}")
+    if not req.text or not req.text.strip():
+        raise ValueError("text is empty")
+    lang = (req.language or "auto").lower()
+    if lang not in cfg.languages:
+        raise ValueError(f"unsupported language {req.language!r}; supported: {cfg.languages}")
+    if req.task == "custom_voice":
+        if not req.speaker:
+            raise ValueError(f"custom_voice needs a speaker; supported: {cfg.speakers}")
+        if req.speaker.lower() not in cfg.talker.spk_id:
+            raise ValueError(f"unsupported speaker {req.speaker!r}; supported: {cfg.speakers}")
+    elif req.speaker:
+        raise ValueError(f"speaker applies to custom_voice only (task {req.task!r})")
+    if req.task == "voice_clone":
+        if req.speaker_embedding is None:
+            raise ValueError("voice_clone needs a speaker embedding (reference audio or a supplied x-vector)")
+        hidden = cfg.talker.transformer.hidden_size
+        if tuple(req.speaker_embedding.shape) != (hidden,):
+            raise ValueError(f"speaker embedding must have shape [{hidden}], got {list(req.speaker_embedding.shape)}")
+        if req.icl:
+            if not req.ref_text:
+                raise ValueError("ICL voice cloning (reference codes) needs the reference text")
+            g = cfg.talker.num_code_groups
+            if req.ref_codes.dim() != 2 or req.ref_codes.shape[1] != g or req.ref_codes.shape[0] == 0:
+                raise ValueError(f"reference codes must have shape [frames, {g}], got {list(req.ref_codes.shape)}")
+    elif req.icl or req.speaker_embedding is not None:
+        raise ValueError("reference audio / speaker embeddings apply to voice_clone only")
+
+
+class PromptBuilder:
+    """Builds talker prompts for one checkpoint (its tokenizer, config and talker embeddings)."""
+
+    def __init__(self, cfg: ModelConfig, talker: Talker, tokenizer):
+        self.cfg, self.talker, self.tokenizer = cfg, talker, tokenizer
+
+    def tokenize(self, text: str) -> torch.Tensor:
+        ids = self.tokenizer(text, return_tensors="pt")["input_ids"]
+        return ids.to(self._device)  # [1, L]
+
+    @property
+    def _device(self) -> torch.device:
+        return self.talker.codec_head.weight.device
+
+    def _codec(self, ids: list[int]) -> torch.Tensor:
+        return self.talker.embed_codec(torch.tensor([ids], device=self._device))  # [1, n, H]
+
+    @torch.no_grad()
+    def build(self, req: SynthesisRequest) -> Prompt:
+        validate_request(self.cfg, req)
+        cfg, t, talker = self.cfg, self.cfg.talker, self.talker
+        non_streaming = req.non_streaming_text
+        if non_streaming is None:
+            non_streaming = req.task != "voice_clone"
+        input_id = self.tokenize(assistant_text(req.text))
+        parts = []
+        instruct = req.instruct
+        if req.task == "custom_voice" and cfg.drops_instruct:
+            instruct = None
+        if instruct and req.task != "voice_clone":
+            parts.append(talker.embed_text(self.tokenize(instruct_text(instruct))))
+
+        lang = (req.language or "auto").lower()
+        language_id = None if lang == "auto" else t.codec_language_id[lang]
+        speaker = req.speaker.lower() if req.speaker else None
+        if speaker and lang in ("chinese", "auto") and t.spk_is_dialect.get(speaker, False):
+            language_id = t.codec_language_id[t.spk_is_dialect[speaker]]
+        tags = ([t.codec_nothink_id, t.codec_think_bos_id, t.codec_think_eos_id] if language_id is None
+                else [t.codec_think_id, t.codec_think_bos_id, language_id, t.codec_think_eos_id])
+
+        special = talker.embed_text(torch.tensor([[cfg.tts_bos_token_id, cfg.tts_eos_token_id,
+                                                   cfg.tts_pad_token_id]], device=self._device))
+        tts_bos, tts_eos, tts_pad = special.chunk(3, dim=1)  # 3 x [1, 1, H]
+
+        codec = [self._codec(tags)]
+        if req.task == "custom_voice":
+            codec.append(talker.embed_codec(torch.tensor(t.spk_id[speaker], device=self._device)).view(1, 1, -1))
+        elif req.task == "voice_clone":
+            dtype = talker.codec_head.weight.dtype
+            codec.append(req.speaker_embedding.to(self._device, dtype).view(1, 1, -1))
+        codec.append(self._codec([t.codec_pad_id, t.codec_bos_id]))
+        codec = torch.cat(codec, dim=1)
+
+        parts.append(talker.embed_text(input_id[:, :3]))
+        parts.append(torch.cat((tts_pad.expand(-1, codec.shape[1] - 2, -1), tts_bos), dim=1) + codec[:, :-1])
+
+        if req.icl:
+            body, trailing = self._icl_body(req, input_id, tts_pad, tts_eos, non_streaming)
+            parts.append(body)
+        elif non_streaming:
+            text = input_id[:, 3:-5]
+            parts.append(torch.cat((talker.embed_text(text), tts_eos), dim=1)
+                         + self._codec([t.codec_pad_id] * (text.shape[1] + 1)))
+            parts.append(tts_pad + self._codec([t.codec_bos_id]))
+            trailing = tts_pad[:, :0]
+        else:
+            parts.append(talker.embed_text(input_id[:, 3:4]) + codec[:, -1:])
+            trailing = torch.cat((talker.embed_text(input_id[:, 4:-5]), tts_eos), dim=1)
+        return Prompt(prefill=torch.cat(parts, dim=1)[0], trailing=trailing[0], tts_pad=tts_pad[0, 0])
+
+    def _icl_body(self, req, input_id, tts_pad, tts_eos, non_streaming):
+        t, talker = self.cfg.talker, self.talker
+        ref_id = self.tokenize(ref_text(req.ref_text))[:, 3:-2]
+        text_embed = torch.cat((talker.embed_text(torch.cat((ref_id, input_id[:, 3:-5]), dim=-1)), tts_eos), dim=1)
+        ref_codes = req.ref_codes.to(self._device)
+        codec_embed = torch.cat((self._codec([t.codec_bos_id]), talker.embed_frame(ref_codes)[None]), dim=1)
+        text_len, codec_len = text_embed.shape[1], codec_embed.shape[1]
+        if non_streaming:
+            body = torch.cat((text_embed + self._codec([t.codec_pad_id] * text_len), codec_embed + tts_pad), dim=1)
+            return body, tts_pad[:, :0]
+        if text_len > codec_len:
+            return text_embed[:, :codec_len] + codec_embed, text_embed[:, codec_len:]
+        padded = torch.cat([text_embed] + [tts_pad] * (codec_len - text_len), dim=1)
+        return padded + codec_embed, tts_pad[:, :0]
