@@ -199,6 +199,19 @@ def test_several_runs_side_by_side_with_relative_change(runs, reports):
     assert 'class="differs" title="differs between runs">command<' in html
 
 
+def test_baseline_file_beside_a_run(runs, tmp_path):
+    """A CI job can show the current run next to the committed baseline it was gated against."""
+    base = tmp_path / "base.json"
+    assert CliRunner().invoke(app, ["baseline", str(runs["base"]), "-o", str(base)]).exit_code == 0
+    p = parse(build([base, runs["cand"]], tmp_path / "r.html"))
+    sec = p.sections["results-custom-short-concurrency"]
+    assert "baseline base" in sec["text"] and "candidate" in sec["text"]
+    assert sec["figures"].count("timeline") == 1        # only the run has per-request records
+    b = next(r for r in _summary(runs["base"])["rows"] if r["level"] == "c8")
+    assert f"{b['ttfab_ms_p95']:,.1f}" in sec["text"]
+    assert "ci-runner" in p.sections["configuration"]["text"]     # the baseline's provenance
+
+
 def test_rate_levels_plot_against_rate(reports):
     p = parse(reports["rate"])
     sec = p.sections["results-custom-short-rate"]

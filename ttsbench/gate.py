@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from ttsbench import __version__
-from ttsbench.report.rundir import RunDirError, load_run, read_json, validate_summary
+from ttsbench.report.rundir import BASELINE_KIND, RunDirError, load_run
 from ttsbench.report.tables import QUALITY_FIGURES, SUMMARY_FIGURES
 
 if sys.version_info >= (3, 11):
@@ -25,7 +25,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-BASELINE_KIND = "ttsbench-baseline"
 _LIMIT_KEYS = ("max_rise_pct", "max_fall_pct", "max_rise", "max_fall", "max", "min")
 _RULE_KEYS = {"metric", "tasks", "sets", "levels", "why", *_LIMIT_KEYS}
 QUALITY_METRICS = {k for k, _l, fmt, _b in QUALITY_FIGURES if fmt != "text"}
@@ -184,19 +183,10 @@ class Figures:
 
 
 def load_figures(path: str | Path) -> Figures:
-    """A run directory, a baseline JSON written by `ttsbench baseline`, or a summary.json."""
-    path = Path(path)
-    if path.is_dir():
-        run = load_run(path, with_requests=False)
-        return Figures(_index_rows(run.rows), _index_quality(run.quality), _source(run.path, run.meta),
-                       run.summary.get("slo"), str(path))
-    data = read_json(path, "baseline")
-    if data.get("kind") not in (None, BASELINE_KIND):
-        raise RunDirError(f"{path}: kind {data.get('kind')!r} is not a ttsbench baseline")
-    validate_summary(data, path)
-    source = data.get("source") if isinstance(data.get("source"), dict) else {"path": str(path)}
-    return Figures(_index_rows(data["rows"]), _index_quality(data.get("quality") or []), source,
-                   data.get("slo"), str(path))
+    """The figures of a run directory or of a baseline JSON written by `ttsbench baseline`."""
+    run = load_run(path, with_requests=False)
+    source = _source(run.path, run.meta) if run.path.is_dir() else run.meta
+    return Figures(_index_rows(run.rows), _index_quality(run.quality), source, run.summary.get("slo"), str(path))
 
 
 def _index_rows(rows: list[dict]) -> dict:
@@ -217,6 +207,8 @@ def _source(path: Path, meta: dict) -> dict:
 
 def make_baseline(run_dir: str | Path) -> dict:
     """The baseline document of a run: every summary figure plus the run's provenance."""
+    if not Path(run_dir).is_dir():
+        raise RunDirError(f"run directory not found: {run_dir}")
     run = load_run(run_dir, with_requests=False)
     if not run.rows:
         raise RunDirError(f"{run_dir}: summary.json has no rows; nothing to keep as a baseline")

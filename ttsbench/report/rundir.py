@@ -142,9 +142,15 @@ class Run:
         return [r for r in self.requests if not r.get("warmup")]
 
 
+BASELINE_KIND = "ttsbench-baseline"
+
+
 def load_run(path: str | Path, with_requests: bool = True) -> Run:
-    """Read a run directory. summary.json is required: `ttsbench summarize` writes it."""
+    """Read a run directory (summary.json is required: `ttsbench summarize` writes it), or a
+    baseline JSON written by `ttsbench baseline` (its figures only, no per-request records)."""
     path = Path(path)
+    if path.is_file():
+        return _load_baseline(path)
     if not path.is_dir():
         raise RunDirError(f"run directory not found: {path}")
     meta = read_json(path / "run.json", "run.json")
@@ -158,6 +164,17 @@ def load_run(path: str | Path, with_requests: bool = True) -> Run:
         run.quality_clips, bad_q = read_jsonl(path / "quality.jsonl")
         run.bad_lines = bad + bad_q
     return run
+
+
+def _load_baseline(path: Path) -> Run:
+    doc = read_json(path, "baseline")
+    if doc.get("kind") != BASELINE_KIND:
+        raise RunDirError(f"{path}: not a ttsbench baseline (kind {doc.get('kind')!r}); give a run directory "
+                          "or a file written by `ttsbench baseline`")
+    validate_summary(doc, path)
+    meta = doc.get("source") if isinstance(doc.get("source"), dict) else {}
+    summary = {"slo": doc.get("slo"), "rows": doc["rows"], "quality": doc.get("quality") or []}
+    return Run(path=path, label=f"baseline {meta.get('label') or path.stem}", meta=meta, summary=summary)
 
 
 def unique_labels(runs: list[Run]) -> None:
