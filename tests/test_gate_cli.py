@@ -257,3 +257,47 @@ def test_installed_command_exit_codes(clean_run, baseline_file, tmp_path):
     unusable = subprocess.run([exe, "gate", "--baseline", tmp_path / "none.json", "--current", bad],
                               capture_output=True, text=True)
     assert unusable.returncode == 2 and "error:" in unusable.stderr
+
+
+def _scale(run: Path, factor: float, levels=None) -> None:
+    """Make every latency `factor` times longer and throughput `factor` times lower (at `levels`)."""
+    def edit(summary):
+        for row in summary["rows"]:
+            if levels and row["level"] not in levels:
+                continue
+            for key, value in list(row.items()):
+                if isinstance(value, float) and key.startswith(("ttfab_ms", "e2e_ms", "rtf")):
+                    row[key] = value * factor
+                elif key in ("audio_throughput", "request_throughput"):
+                    row[key] = value / factor
+    edit_summary(run, edit)
+
+
+def test_relative_to_level_cancels_machine_speed(clean_run, baseline_file, tmp_path):
+    rules = tmp_path / "ratios.toml"
+    rules.write_text('[[rule]]\nmetric = "ttfab_ms_p95"\nmax_rise_pct = 10\nrelative_to_level = "c1"\n'
+                     '[[rule]]\nmetric = "audio_throughput"\nmax_fall_pct = 5\nrelative_to_level = "c1"\n')
+    slower_machine = copy_run(clean_run, tmp_path / "slower")
+    _scale(slower_machine, 2.0)
+    result = invoke("gate", "--baseline", baseline_file, "--current", slower_machine, "--rules", rules)
+    assert result.exit_code == 0, result.output
+    assert "ttfab_ms_p95 ÷ c1" in result.output and "custom/short/c4" in result.output
+    assert "custom/short/c1" not in result.output          # the reference level itself is not checked
+    # Same machine, but worse scaling under load: only c4 got slower.
+    worse_scaling = copy_run(clean_run, tmp_path / "worse")
+    _scale(worse_scaling, 1.5, levels=("c4",))
+    result = invoke("gate", "--baseline", baseline_file, "--current", worse_scaling, "--rules", rules)
+    assert result.exit_code == 1
+    assert "FAIL: 2 of 2 checks failed" in result.output
+    # Without the reference level on one side there is nothing to divide by.
+    no_c1 = copy_run(clean_run, tmp_path / "noc1")
+    edit_summary(no_c1, lambda s: s.update(rows=[r for r in s["rows"] if r["level"] != "c1"]))
+    result = invoke("gate", "--baseline", baseline_file, "--current", no_c1, "--rules", rules)
+    assert result.exit_code == 1 and "no c1 in the current run" in result.output
+
+
+def test_relative_to_level_is_for_per_level_figures(clean_run, baseline_file, tmp_path):
+    rules = tmp_path / "bad.toml"
+    rules.write_text('[[rule]]\nmetric = "wer_mean"\nmax_rise = 0.01\nrelative_to_level = "c1"\n')
+    result = invoke("gate", "--baseline", baseline_file, "--current", clean_run, "--rules", rules)
+    assert result.exit_code == 2 and "not quality figures" in result.output

@@ -26,7 +26,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 _LIMIT_KEYS = ("max_rise_pct", "max_fall_pct", "max_rise", "max_fall", "max", "min")
-_RULE_KEYS = {"metric", "tasks", "sets", "levels", "why", *_LIMIT_KEYS}
+_RULE_KEYS = {"metric", "tasks", "sets", "levels", "relative_to_level", "why", *_LIMIT_KEYS}
 QUALITY_METRICS = {k for k, _l, fmt, _b in QUALITY_FIGURES if fmt != "text"}
 _KNOWN_METRICS = {k for k, *_ in SUMMARY_FIGURES} | QUALITY_METRICS
 
@@ -47,6 +47,7 @@ class Rule:
     tasks: tuple[str, ...] | None = None
     sets: tuple[str, ...] | None = None
     levels: tuple[str, ...] | None = None
+    relative_to_level: str | None = None
     why: str | None = None
 
     @property
@@ -73,7 +74,8 @@ class Rule:
             parts.append(f"≤ {_num(self.max)}")
         if self.min is not None:
             parts.append(f"≥ {_num(self.min)}")
-        return f"{self.metric} " + ", ".join(parts)
+        name = f"{self.metric} ÷ {self.relative_to_level}" if self.relative_to_level else self.metric
+        return f"{name} " + ", ".join(parts)
 
     def bounds(self, base: float | None) -> tuple[float, float]:
         """(lowest, highest) allowed current value given the baseline value."""
@@ -167,6 +169,13 @@ def _parse_rule(raw: dict, i: int, source: str) -> Rule:
             if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
                 raise RulesError(f"{where}: {key} must be a non-empty list of names")
             kw[key] = tuple(v)
+    if "relative_to_level" in raw:
+        ref = raw["relative_to_level"]
+        if not isinstance(ref, str) or not ref:
+            raise RulesError(f"{where}: relative_to_level must be a level name such as \"c1\"")
+        if metric in QUALITY_METRICS:
+            raise RulesError(f"{where}: relative_to_level applies to per-level figures, not quality figures")
+        kw["relative_to_level"] = ref
     if "why" in raw:
         kw["why"] = str(raw["why"])
     return Rule(**kw)
@@ -275,10 +284,27 @@ def compare(base: Figures, cur: Figures, rules: Rules) -> Verdict:
             _quality_checks(rule, base, cur, missing_status, verdict)
             continue
         for key in sorted(set(base.rows) & set(cur.rows)):
-            if rule.applies(*key):
+            if not rule.applies(*key) or key[2] == rule.relative_to_level:
+                continue
+            if rule.relative_to_level:
+                ref = (key[0], key[1], rule.relative_to_level)
+                missing = [side for side, f in (("baseline", base), ("current run", cur)) if ref not in f.rows]
+                if missing:
+                    verdict.checks.append(Check(rule.describe(), "/".join(key), None, None, "", "FAIL",
+                                                f"no {rule.relative_to_level} in the {' and '.join(missing)}"))
+                    continue
+                verdict.checks.append(_check(rule, "/".join(key), _ratio(base.rows[key], base.rows[ref], rule.metric),
+                                             _ratio(cur.rows[key], cur.rows[ref], rule.metric)))
+            else:
                 verdict.checks.append(_check(rule, "/".join(key), base.rows[key].get(rule.metric),
                                              cur.rows[key].get(rule.metric)))
     return verdict
+
+
+def _ratio(row: dict, ref: dict, metric: str) -> float | None:
+    """A figure relative to the same figure at the reference level: machine speed cancels out."""
+    a, b = row.get(metric), ref.get(metric)
+    return None if a is None or not b else a / b
 
 
 def _quality_checks(rule: Rule, base: Figures, cur: Figures, missing_status: str, verdict: Verdict) -> None:
