@@ -24,13 +24,24 @@ from typing import Iterator, List, Optional  # noqa: E402
 
 
 @contextlib.contextmanager
-def _server_for_run(url: Optional[str]) -> Iterator[tuple[str, Optional[dict]]]:
+def _server_for_run(url: Optional[str], model: Optional[str] = None, tasks: Optional[List[str]] = None,
+                    serve_args: str = "", api_key: Optional[str] = None,
+                    startup_timeout: float = 900.0) -> Iterator[tuple[str, Optional[dict]]]:
     """(base URL, embedded server configuration or None) of the server a run measures.
-    The embedded reference server plugs in here: start it, yield its URL, stop it."""
-    if url is None:
-        raise typer.BadParameter("is required (the embedded reference server is not available yet)",
-                                 param_hint="--url")
-    yield url, None
+
+    Without a URL, `ttsbench serve` runs as a subprocess on a free loopback port with the chosen --model (by
+    default the tiny random checkpoint of the run's one task), is waited for at /health, and is stopped at the
+    end. The harness itself never imports the serving stack."""
+    if url is not None:
+        yield url, None
+        return
+    from ttsbench.embedded import EmbeddedServerError, embedded_server
+
+    try:
+        with embedded_server(model, tasks or [], serve_args, api_key, startup_timeout) as (base_url, info):
+            yield base_url, info
+    except EmbeddedServerError as e:
+        _fail(str(e), 2)
 
 
 def _split(values: List[str]) -> List[str]:
@@ -73,8 +84,12 @@ def run(
     slo_underrun_s: float = typer.Option(0.0, help="Goodput SLO: at most this much playback starvation (s)."),
     playback_buffer_ms: float = typer.Option(0.0, min=0.0, help="Start-up buffer of the player for underrun_buffered_s."),
     pcm_sample_rate: int = typer.Option(24000, min=1, help="Sample rate of raw PCM answers that do not name one."),
+    serve_args: str = typer.Option("", help="Without --url: extra `ttsbench serve` options for the embedded server, e.g. \"--dtype bfloat16 --max-batch-size 64\"."),
 ) -> None:
-    """Benchmark a speech server: tasks x sets x load levels into one run directory."""
+    """Benchmark a speech server: tasks x sets x load levels into one run directory.
+
+    Without --url, the reference server is started with --model (default: the tiny random checkpoint of the
+    run's task), measured, and stopped; its configuration is recorded in run.json."""
     from rich.console import Console
 
     from ttsbench import datasets, metrics, requests, runner, storage
@@ -85,7 +100,10 @@ def run(
     run_path = resume
     try:
         if resume is not None:
-            with _server_for_run(url) as (base_url, _):
+            stored = storage.RunDir.open(resume).run_info() if url is None else {}
+            embedded_model = (stored.get("embedded_server") or {}).get("model")
+            with _server_for_run(url, embedded_model, stored.get("config", {}).get("tasks"), serve_args,
+                                 api_key) as (base_url, _):
                 rows = runner.resume_run(resume, base_url, api_key, command, console)
             runner.print_summary(console, rows)
             return
@@ -121,13 +139,13 @@ def run(
             slo=metrics.SLO(ttfab_ms=slo_ttfab_ms, underrun_s=slo_underrun_s),
             playback_buffer_ms=playback_buffer_ms, pcm_sample_rate=pcm_sample_rate)
         out_dir = run_path = out or storage.default_run_dir(label)
-        with _server_for_run(url) as (base_url, embedded):
+        with _server_for_run(url, model, tasks, serve_args, api_key) as (base_url, embedded):
             rows = runner.start_run(out_dir, config, base_url, api_key, command, console, embedded)
         runner.print_summary(console, rows)
         console.print(f"results: {out_dir}")
     except (datasets.DatasetError, FileExistsError, FileNotFoundError) as e:
         _fail(str(e), 2)
-    except runner.RunError as e:
+    except (runner.RunError, OSError) as e:
         _fail(str(e), 1)
     except KeyboardInterrupt:
         where = f" in {run_path}; continue with: ttsbench run --resume {run_path} --url URL" if run_path else ""
@@ -397,7 +415,7 @@ def quality_models(
                    "online, openai-whisper downloads its models itself")
     table = Table(title=f"quality backends ({root})")
     for column in ("backend", "package", "weights"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for name, installed, found in weights.inventory(root):
         table.add_row(name, "installed" if installed else "missing", found)
     Console().print(table)
