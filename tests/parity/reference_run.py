@@ -1,11 +1,12 @@
 """Run the official qwen-tts (in .venv-ref) on a checkpoint and save what it produced, for the parity tests.
 
-    .venv-ref/bin/python tests/parity/reference_run.py SPEC.json OUT.npz
+    .venv-ref/bin/python tests/parity/reference_run.py SPEC.json OUT_DIR
 
-SPEC: {"checkpoint": dir, "task": "custom_voice"|"voice_design"|"voice_clone", "text": str,
-       "language": str, "speaker": str, "instruct": str, "ref_audio": wav path, "ref_text": str,
-       "x_vector_only": bool, "non_streaming_mode": bool|null, "generate": {generation kwargs}}
-OUT: codes [T, 16] (the generated frames), wav (float32, 24 kHz), sample_rate; for voice clone also
+SPEC: {"checkpoint": dir, "jobs": {name: job}}: the checkpoint is loaded once and every job writes
+OUT_DIR/<name>.npz. A job: {"task": "custom_voice"|"voice_design"|"voice_clone", "text": str,
+"language": str, "speaker": str, "instruct": str, "ref_audio": wav path, "ref_text": str, "x_vector_only": bool,
+"non_streaming_mode": bool|null, "generate": {generation kwargs}, "seed": int}.
+npz: codes [T, 16] (the generated frames), wav (float32, 24 kHz), sample_rate; for voice clone also
 ref_code [T_ref, 16] and spk_embedding [H] as the reference computed them from ref_audio.
 
 It goes through the public wrapper (Qwen3TTSModel.generate_*), so tokenization, prompt building, decoding and
@@ -21,15 +22,20 @@ import soundfile as sf
 import torch
 
 
-def main(spec_path: str, out_path: str) -> None:
+def main(spec_path: str, out_dir: str) -> None:
     from qwen_tts import Qwen3TTSModel
 
     spec = json.load(open(spec_path, encoding="utf-8"))
-    torch.manual_seed(spec.get("seed", 0))
     tts = Qwen3TTSModel.from_pretrained(spec["checkpoint"], dtype=torch.float32, device_map="cpu",
                                         attn_implementation="sdpa")
+    for name, job in spec["jobs"].items():
+        run_job(tts, job, f"{out_dir}/{name}.npz")
+
+
+def run_job(tts, spec: dict, out_path: str) -> None:
+    torch.manual_seed(spec.get("seed", 0))
     recorded = {}
-    original_generate = tts.model.generate
+    original_generate = type(tts.model).generate.__get__(tts.model)
 
     def recording_generate(*args, **kwargs):
         codes_list, hiddens = original_generate(*args, **kwargs)
