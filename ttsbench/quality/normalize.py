@@ -118,7 +118,9 @@ def score(reference: str, hypothesis: str) -> Score:
     return Score(ref_norm, hyp_norm, unit, len(ref_t), out.substitutions, out.deletions, out.insertions)
 
 
-def corpus_wer(scores: list[Score]) -> float | None:
-    """Total errors over total reference units (the corpus-level figure, weighted by length)."""
-    n = sum(s.ref_units for s in scores)
-    return sum(s.errors for s in scores) / n if n else None
+def corpus_wer(counts: list[tuple[int, int]]) -> float | None:
+    """Total errors over total reference units, from (errors, reference units) per utterance: the
+    corpus-level figure, weighted by length. Utterances without reference units count in neither."""
+    scored = [(e, u) for e, u in counts if u]
+    units = sum(u for _, u in scored)
+    return sum(e for e, _ in scored) / units if units else None

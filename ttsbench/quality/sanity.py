@@ -9,6 +9,10 @@ Expected duration model (read speech, by script, so it also works for mixed text
     other letters      13   per second   (English/European read speech, 150-170 words/min)
     digits              4   per second   (a digit is spoken as a word or part of one)
 
+Silence is flagged where it is: before the first sound (`lead_silence`), after the last
+(`trail_silence`), or in pauses between them (`silence`); `silent` when there is no sound at all.
+`silence_share` reports the silent share of the whole clip.
+
 A clip is `runaway` when its length exceeds max(2.5 x expected, expected + 4 s), and `truncated` when its
 speech (length less leading and trailing silence) is under 0.4 x expected for texts expected to take at
 least 1 s. The margins are wide on purpose: speaking rate varies between voices and instructions
@@ -61,7 +65,7 @@ class Limits:
     silence_below_peak_db: float = 40.0  # ... and so is one this far under the clip's loud frames (p95)
     max_lead_silence_s: float = 1.5
     max_trail_silence_s: float = 2.0
-    max_silence_share: float = 0.6   # for clips of 2 s or more
+    max_pause_share: float = 0.5     # silent share between the first and last sound (spans of 2 s or more)
     clip_level: float = 0.999        # |sample| at or above this is clipped (int16 full scale is 0.99997)
     max_clipped_share: float = 0.001
     max_dc_offset: float = 0.02
@@ -135,8 +139,10 @@ def check(clip: Clip, text: str, record_rate: int | None = None, expect_rate: in
             flags.append(f"lead_silence: {lead:.1f} s before the first sound")
         if trail > limits.max_trail_silence_s:
             flags.append(f"trail_silence: {trail:.1f} s after the last sound")
-        if clip.duration_s >= 2.0 and share > limits.max_silence_share:
-            flags.append(f"silence: {share:.0%} of the clip is silent")
+        span = voiced[-1] - voiced[0] + 1
+        pauses = 1.0 - len(voiced) / span
+        if span * frame_s >= 2.0 and pauses > limits.max_pause_share:
+            flags.append(f"silence: {pauses:.0%} of the time between the first and last sound is silent")
 
     duration = clip.duration_s
     if duration > max(limits.runaway_ratio * expected, expected + limits.runaway_margin_s):

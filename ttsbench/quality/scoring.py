@@ -165,7 +165,7 @@ def aggregate(rows: list[dict], asr_backend: str | None, asr_model: str | None,
     for (task, set_), members in groups.items():
         scored = [r for r in members if r.get("wer") is not None]
         sims = [r["sim"] for r in members if r.get("sim") is not None]
-        units = sum(r["ref_units"] for r in scored)
+        corpus = normalize.corpus_wer([(r["errors"], r["ref_units"]) for r in scored])
         flagged = [r for r in members if r["flags"]]
         kinds: dict[str, int] = defaultdict(int)
         for r in members:
@@ -174,7 +174,7 @@ def aggregate(rows: list[dict], asr_backend: str | None, asr_model: str | None,
         out.append({
             "task": task, "set": set_, "n_clips": len(members),
             "wer_mean": _mean([r["wer"] for r in scored]),
-            "wer_corpus": round(sum(r["errors"] for r in scored) / units, 4) if units else None,
+            "wer_corpus": round(corpus, 4) if corpus is not None else None,
             "wer_n": len(scored),
             "sim_mean": _mean(sims), "sim_n": len(sims),
             "sim_kind": next((r.get("sim_kind") for r in members if r.get("sim_kind")), None),

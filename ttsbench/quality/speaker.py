@@ -53,6 +53,8 @@ class ResemblyzerEmbedder:
 
     def embed(self, audio_16k: np.ndarray) -> np.ndarray | None:
         """The utterance embedding, or None when no speech is left after trimming silence."""
+        if not np.any(np.abs(audio_16k) > 1e-4):
+            return None  # digital silence: resemblyzer's volume normalization would divide by zero
         wav = self._preprocess(audio_16k.astype(np.float32), source_sr=MODEL_RATE)
         if len(wav) < MODEL_RATE // 4:
             return None
