@@ -64,13 +64,8 @@ def mask_code0(logits: torch.Tensor, num_generated: torch.Tensor, eos_id: int, s
     return torch.where(suppress[None, :], -float("inf"), logits)
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
-           noise: torch.Tensor | None = None) -> torch.Tensor:
-    """logits [B, V] float32 (penalties already applied) -> token ids [B] (int64).
-
-    noise [B, V]: Exp(1) draws to use instead of drawing from `generator` (the serving engine passes per-request
-    seeded streams, so a request samples the same codes alone or in any batch)."""
-    greedy = logits.argmax(-1)
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Sampling-only transforms, in transformers' order: temperature, top-k, top-p. Removed ids get -inf."""
     vocab = logits.shape[-1]
     temperature = torch.where(params.do_sample, params.temperature, torch.ones_like(params.temperature))
     scores = logits / temperature[:, None]
@@ -84,8 +79,17 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     remove_sorted = cum <= (1 - params.top_p)[:, None]
     remove_sorted[:, -1] = False
     remove = remove_sorted.scatter(1, sorted_idx, remove_sorted) & (params.top_p < 1.0)[:, None]
-    scores = scores.masked_fill(remove, -float("inf"))
-    probs = scores.softmax(dim=-1)
+    return scores.masked_fill(remove, -float("inf"))
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+           noise: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [B, V] float32 (penalties already applied) -> token ids [B] (int64).
+
+    noise [B, V]: Exp(1) draws to use instead of drawing from `generator` (the serving engine passes per-request
+    seeded streams, so a request samples the same codes alone or in any batch)."""
+    greedy = logits.argmax(-1)
+    probs = warp(logits, params).softmax(dim=-1)
     if noise is None:
         noise = torch.empty_like(probs).exponential_(generator=generator)
     sampled = (probs / noise).argmax(-1)
