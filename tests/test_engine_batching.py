@@ -1,0 +1,101 @@
+"""The talker stage and the engine on a tiny random checkpoint: exact codes in any batch, cancellation."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from serving.engine.checkpoint import resolve_model
+from serving.engine.engine import Engine, EngineConfig
+from serving.engine.loader import load_stages
+from serving.engine.request import GenerationRequest, SamplingParams
+
+CONFIG = dict(max_batch_size=4, max_model_len=128, chunk_frames=4, first_chunk_frames=2, left_context_frames=4)
+
+
+@pytest.fixture(scope="module")
+def stages():
+    runner, codec, info = load_stages(EngineConfig(model=str(resolve_model("tiny-random")), **CONFIG))
+    return runner, codec, info
+
+
+def requests():
+    return [
+        GenerationRequest(task="CustomVoice", text="Hello there.", speaker="vivian", max_new_tokens=6,
+                          sampling=SamplingParams(seed=1)),
+        GenerationRequest(task="CustomVoice", text="A longer sentence, with more words in it.", speaker="ryan",
+                          language="english", max_new_tokens=6,
+                          sampling=SamplingParams(seed=2, temperature=0.3, top_k=5, repetition_penalty=1.3)),
+        GenerationRequest(task="CustomVoice", text="Greedy.", speaker="dylan", language="chinese", max_new_tokens=6,
+                          sampling=SamplingParams(seed=3, do_sample=False, subtalker_do_sample=False)),
+    ]
+
+
+def run_frames(runner, slots_and_requests, frames):
+    out = {slot: [] for slot, _ in slots_and_requests}
+    for slot, req in slots_and_requests:
+        runner.prefill(slot, req)
+    bucket = max(out) + 1
+    bucket = min(b for b in runner.buckets if b >= bucket)
+    for _ in range(frames):
+        codes, _ended = runner.decode_step(bucket)
+        for slot in out:
+            out[slot].append(codes[slot])
+    for slot in out:
+        runner.release(slot)
+    return {slot: np.stack(v) for slot, v in out.items()}
+
+
+def test_codes_of_a_request_are_the_same_alone_or_in_any_batch_and_slot(stages):
+    runner = stages[0]
+    reqs = requests()
+    alone = [run_frames(runner, [(0, r)], 5)[0] for r in reqs]
+    batched = run_frames(runner, [(3, reqs[0]), (1, reqs[1]), (0, reqs[2])], 5)
+    assert np.array_equal(batched[3], alone[0])
+    assert np.array_equal(batched[1], alone[1])
+    assert np.array_equal(batched[0], alone[2])
+    assert alone[0].shape == (5, 16) and not np.array_equal(alone[0], alone[1])
+    assert ((alone[0] >= 0) & (alone[0] < 2048)).all()
+
+
+def test_seed_decides_the_codes(stages):
+    runner = stages[0]
+    req = requests()[0]
+    other = GenerationRequest(task="CustomVoice", text=req.text, speaker="vivian", max_new_tokens=6,
+                              sampling=SamplingParams(seed=99))
+    assert not np.array_equal(run_frames(runner, [(0, req)], 4)[0], run_frames(runner, [(0, other)], 4)[0])
+    assert np.array_equal(run_frames(runner, [(0, req)], 4)[0], run_frames(runner, [(2, req)], 4)[2])
+
+
+def test_a_prompt_longer_than_the_slot_is_refused(stages):
+    runner = stages[0]
+    long = GenerationRequest(task="CustomVoice", text="word " * 400, speaker="vivian", max_new_tokens=4)
+    with pytest.raises(ValueError, match="max-model-len"):
+        runner.prefill(0, long)
+    runner.release(0)
+
+
+def test_engine_cancel_frees_the_slot_and_others_go_on():
+    async def main():
+        engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), max_queue=1, **CONFIG))
+        await engine.start()
+        try:
+            long = engine.submit(GenerationRequest(task="CustomVoice", text="Long.", speaker="vivian",
+                                                   max_new_tokens=100, sampling=SamplingParams(seed=1)))
+            short = engine.submit(GenerationRequest(task="CustomVoice", text="Short.", speaker="ryan",
+                                                    max_new_tokens=3, sampling=SamplingParams(seed=2)))
+            first = await long.__anext__()
+            assert len(first) == 2 * 1920
+            long.cancel()
+            chunks = [c async for c in short]
+            assert sum(len(c) for c in chunks) == 3 * 1920
+            for _ in range(100):
+                if engine.stats()["running"] == 0:
+                    break
+                await asyncio.sleep(0.02)
+            stats = engine.stats()
+            assert stats["running"] == 0 and stats["kv_slots_free"] == 4 and long.frames < 100
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(main())
