@@ -147,3 +147,35 @@ def test_sanity_only_run_keeps_going_over_missing_and_broken_audio(tmp_path):
     assert q["wer_n"] == 0 and q["wer_mean"] is None and q["asr_backend"] is None
     assert q["flagged_share"] == pytest.approx(2 / 3, abs=1e-4) and q["flagged_n"] == 3
     assert q["flag_counts"] == {"missing_audio": 1, "unreadable": 1}
+
+
+@pytest.mark.slow
+def test_run_with_quality_on_the_embedded_server(tmp_path):
+    """`ttsbench run --quality` without --url: the tiny random reference server is measured, stopped, and
+    its saved audio scored. Random weights make poor figures; the point is that the pipeline is real."""
+    out = tmp_path / "run"
+    serve_args = "--max-batch-size 4 --max-model-len 512 --chunk-frames 5 --first-chunk-frames 2 --left-context-frames 8"
+    exe = str(Path(sys.executable).with_name("ttsbench"))
+    done = subprocess.run([exe, "run", "--task", "clone", "--set", "short", "--num-requests", "2",
+                           "--concurrency", "1", "--warmup", "0", "--max-new-tokens", "12", "--sampling-seed", "1",
+                           "--serve-args", serve_args, "--out", str(out),
+                           "--quality", "--quality-args", "--sim resemblyzer"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = _quality(out)
+    assert len(rows) == 2
+    for row in rows.values():
+        assert row["sim_kind"] == "reference" and row["sim"] is not None and -1 <= row["sim"] <= 1
+        assert row["wer"] is not None and row["duration_s"] == pytest.approx(12 * 0.08, abs=1e-3)
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert [r["level"] for r in summary["rows"]] == ["c1"] and summary["rows"][0]["completed"] == 2
+    (q,) = summary["quality"]
+    assert (q["task"], q["set"], q["n_clips"], q["wer_n"], q["sim_n"]) == ("clone", "short", 2, 2, 2)
+    assert (q["asr_backend"], q["asr_model"], q["sim_backend"]) == ("whisper", "base", "resemblyzer")
+
+
+def test_run_quality_options_are_checked_before_any_request():
+    result = cli.invoke(app, ["run", "--url", "http://127.0.0.1:9", "--quality", "--no-save-audio"])
+    assert result.exit_code == 2 and "--no-save-audio" in result.output
+    result = cli.invoke(app, ["run", "--url", "http://127.0.0.1:9", "--quality", "--quality-args", "--asr-modle x"])
+    assert result.exit_code == 2 and "No such option: --asr-modle" in result.output

@@ -85,6 +85,8 @@ def run(
     playback_buffer_ms: float = typer.Option(0.0, min=0.0, help="Start-up buffer of the player for underrun_buffered_s."),
     pcm_sample_rate: int = typer.Option(24000, min=1, help="Sample rate of raw PCM answers that do not name one."),
     serve_args: str = typer.Option("", help="Without --url: extra `ttsbench serve` options for the embedded server, e.g. \"--dtype bfloat16 --max-batch-size 64\"."),
+    quality_: bool = typer.Option(False, "--quality", help="After the load levels, score the saved audio (WER/CER, speaker similarity, sanity) as `ttsbench quality` does."),
+    quality_args: str = typer.Option("", help="With --quality: `ttsbench quality` options, e.g. \"--asr-model large-v3 --sim resemblyzer\"."),
 ) -> None:
     """Benchmark a speech server: tasks x sets x load levels into one run directory.
 
@@ -98,6 +100,8 @@ def run(
     console = Console()
     command = ["ttsbench", *sys.argv[1:]]
     run_path = resume
+    if quality_:
+        _check_quality_args(quality_args, save_audio)
     try:
         if resume is not None:
             stored = storage.RunDir.open(resume).run_info() if url is None else {}
@@ -106,6 +110,8 @@ def run(
                                  api_key) as (base_url, _):
                 rows = runner.resume_run(resume, base_url, api_key, command, console)
             runner.print_summary(console, rows)
+            if quality_:
+                _quality_after_run(resume, quality_args)
             return
         tasks = _split(task)
         tasks = list(requests.TASKS) if "all" in tasks else list(dict.fromkeys(tasks))
@@ -143,6 +149,8 @@ def run(
             rows = runner.start_run(out_dir, config, base_url, api_key, command, console, embedded)
         runner.print_summary(console, rows)
         console.print(f"results: {out_dir}")
+        if quality_:
+            _quality_after_run(out_dir, quality_args)
     except (datasets.DatasetError, FileExistsError, FileNotFoundError) as e:
         _fail(str(e), 2)
     except (runner.RunError, OSError) as e:
@@ -348,7 +356,8 @@ def _print_quality(rows: list) -> None:
 
     table = Table(title="quality (figures with the number of clips behind them)")
     for column in ("task", "set", "clips", "WER mean", "WER corpus", "SIM", "SIM kind", "flagged", "flags"):
-        table.add_column(column, justify="left" if column in ("task", "set", "SIM kind", "flags") else "right")
+        table.add_column(column, justify="left" if column in ("task", "set", "SIM kind", "flags") else "right",
+                         overflow="fold", no_wrap=column != "flags")
     for r in rows:
         flags = ", ".join(f"{k} {v}" for k, v in r["flag_counts"].items()) or "-"
         table.add_row(r["task"], r["set"], str(r["n_clips"]), fmt(r["wer_mean"], r["wer_n"]),
@@ -357,12 +366,36 @@ def _print_quality(rows: list) -> None:
     Console().print(table)
 
 
-def _score(run_dir: Path, options, backends=None) -> None:
+def _quality_argv(run_dir: Path, quality_args: str) -> list:
+    import shlex
+
+    return [str(run_dir), *shlex.split(quality_args)]
+
+
+def _check_quality_args(quality_args: str, save_audio: bool) -> None:
+    """Before any request: `run --quality` must save audio and its quality options must parse."""
+    if not save_audio:
+        raise typer.BadParameter("needs the saved audio: drop --no-save-audio", param_hint="--quality")
+    try:
+        typer.main.get_command(app).get_command(None, "quality").make_context(
+            "quality", _quality_argv(Path("."), quality_args))
+    except (ValueError, typer.TyperException) as e:  # shlex's unclosed quote; unknown or bad options
+        raise typer.BadParameter(str(e), param_hint="--quality-args") from None
+
+
+def _quality_after_run(run_dir: Path, quality_args: str) -> None:
+    """The quality step of `run --quality`: after the load levels, on the saved audio, as `ttsbench quality`."""
+    code = app(["quality", *_quality_argv(run_dir, quality_args)], prog_name="ttsbench", standalone_mode=False)
+    if code:
+        _fail(f"the run itself is complete in {run_dir}; score it with: ttsbench quality {run_dir}", code)
+
+
+def _score(run_dir: Path, options) -> None:
     from ttsbench.quality.scoring import score_run
 
     with _quality_progress() as progress:
         task_id = progress.add_task("score", total=None)
-        rows = score_run(run_dir, options, backends,
+        rows = score_run(run_dir, options,
                          progress=lambda done, total: progress.update(task_id, completed=done, total=total))
     _print_quality(rows)
     typer.echo(f"quality: {run_dir / 'quality.jsonl'}, summary: {run_dir / 'summary.json'}")

@@ -40,7 +40,7 @@ class Options:
 
 
 class Backends:
-    """The loaded models, so `ttsbench run --quality` can load (and fail) before the load levels start."""
+    """The loaded models; loading raises QualityError (what to install, where to put weights) before any clip."""
 
     def __init__(self, options: Options):
         from ttsbench.quality import asr, speaker
@@ -185,8 +185,7 @@ def aggregate(rows: list[dict], asr_backend: str | None, asr_model: str | None,
     return out
 
 
-def score_run(run_dir: Path, options: Options, backends: Backends | None = None,
-              progress: Callable[[int, int], None] | None = None) -> list[dict]:
+def score_run(run_dir: Path, options: Options, progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """Score a run directory; writes quality.jsonl and the `quality` rows of summary.json, returns the rows."""
     from ttsbench.storage import RunDir
 
@@ -197,7 +196,7 @@ def score_run(run_dir: Path, options: Options, backends: Backends | None = None,
     records = select(run.records(), options.limit)
     if not records:
         raise QualityError(f"{run_dir} has no completed requests to score")
-    backends = backends or Backends(options)
+    backends = Backends(options)
 
     rows, embeddings = [], []
     for i, record in enumerate(records):
