@@ -55,7 +55,7 @@ def _fail(message: str, code: int) -> None:
 
 @app.command()
 def run(
-    url: Optional[str] = typer.Option(None, help="Base URL of the server to measure, e.g. http://localhost:8091."),
+    url: Optional[str] = typer.Option(None, help="Base URL of the server to measure, e.g. http://localhost:8091 (default: start the embedded reference server with --model)."),
     task: List[str] = typer.Option(["custom"], help="custom, design, clone or all; repeat or comma-separate to run several."),
     set_: Optional[str] = typer.Option(None, "--set", help="Built-in sets, comma-separated: short, medium, long, multilingual. Default: short (none when --dataset is given)."),
     dataset: List[Path] = typer.Option([], help="A JSONL file of {id, text, language} items; repeatable."),

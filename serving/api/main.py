@@ -9,6 +9,7 @@ from pathlib import Path
 from serving.api.server import SpeechServer, run_server
 from serving.engine.checkpoint import cache_root, resolve_model
 from serving.engine.engine import Engine, EngineConfig
+from serving.engine.loader import check_placement
 
 log = logging.getLogger("serving.api")
 
@@ -48,6 +49,7 @@ def build_server(options: ServeOptions) -> SpeechServer:
         max_model_len=options.max_model_len, chunk_frames=options.chunk_frames,
         first_chunk_frames=options.first_chunk_frames, left_context_frames=options.left_context_frames,
         enforce_eager=options.enforce_eager)
+    check_placement(config)  # a bad device or dtype fails here, before the server listens
     voices_dir = options.voices_dir or cache_root() / "voices" / _safe(name)
     names = tuple(dict.fromkeys((name, options.model, str(path), path.name)))
     return SpeechServer(Engine(config), voices_dir=voices_dir, api_key=options.api_key, served_model_names=names)

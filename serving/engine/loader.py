@@ -45,6 +45,13 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return model_dtype(name)
 
 
+def check_placement(config) -> None:
+    """Raise ValueError now for devices or a dtype that cannot work, instead of failing during loading."""
+    talker = resolve_device(config.talker_device)
+    resolve_device(config.codec_device, fallback=talker)
+    resolve_dtype(config.dtype, talker)
+
+
 def slot_bytes(model_cfg, max_model_len: int, dtype: torch.dtype) -> int:
     """Memory one KV slot takes: talker keys + values over max_model_len, its trailing-text buffer, CP cache."""
     t, cp = model_cfg.talker.transformer, model_cfg.talker.code_predictor
