@@ -1,0 +1,137 @@
+"""Generation on tiny checkpoints: left-padded batches equal single rows, streaming chunks equal the one-shot
+decode, stopping rules, voice-clone inputs, and clear errors for requests a checkpoint cannot serve."""
+
+import numpy as np
+import pytest
+import torch
+
+from serving.model.checkpoint import write_checkpoint
+from serving.model.frame import TalkerSampling, decode_frame, prefill
+from serving.model.prompt import SynthesisRequest
+from serving.model.sampler import SamplingParams
+from serving.model.tts import Qwen3TTS, VoiceClonePrompt
+
+GREEDY = dict(do_sample=False, subtalker_dosample=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def cv(tmp_path_factory):
+    return Qwen3TTS.load(write_checkpoint(tmp_path_factory.mktemp("cv") / "cv", "tiny", "custom_voice", seed=3),
+                         dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return Qwen3TTS.load(write_checkpoint(tmp_path_factory.mktemp("base") / "base", "tiny", "base", seed=4),
+                         dtype="float32")
+
+
+def _greedy_sampling(batch: int) -> TalkerSampling:
+    params = SamplingParams.build(batch, "cpu", False, 1.0, 0, 1.0)
+    return TalkerSampling(code0=params, repetition_penalty=torch.full((batch,), 1.05), subtalker=params)
+
+
+def test_left_padded_batch_equals_each_row_alone(cv):
+    texts = ["Hi.", "A much longer sentence, so the prompts differ in length by a lot of tokens.", "Hello there!"]
+    prompts = [cv.prompts.build(SynthesisRequest(text=t, task="custom_voice", speaker="serena", language="english",
+                                                 non_streaming_text=(i != 1)))
+               for i, t in enumerate(texts)]
+    steps = 12
+
+    def run(rows):
+        state = prefill(cv.model.talker, [p.prefill for p in rows], steps + 1, _greedy_sampling(len(rows)))
+        frames = []
+        for step in range(steps):
+            text = torch.stack([p.trailing[step] if step < p.trailing.shape[0] else p.tts_pad for p in rows])
+            frames.append(decode_frame(cv.model.talker, state, text, _greedy_sampling(len(rows))))
+        return torch.stack(frames, dim=1)
+
+    batched = run(prompts)
+    for i, p in enumerate(prompts):
+        assert torch.equal(batched[i], run([p])[0]), f"row {i} differs when batched"
+
+
+def test_frames_count_follows_max_new_tokens_and_seed_reproduces(cv):
+    out = cv.generate("Hello, world.", speaker="vivian", max_new_tokens=9, **GREEDY)
+    assert out.codes.shape == (8, 16) and out.audio.shape == (8 * 1920,) and out.audio.dtype == np.float32
+    a = cv.generate("Hello, world.", speaker="vivian", max_new_tokens=6, seed=5)
+    b = cv.generate("Hello, world.", speaker="vivian", max_new_tokens=6, seed=5)
+    c = cv.generate("Hello, world.", speaker="vivian", max_new_tokens=6, seed=6)
+    assert torch.equal(a.codes, b.codes) and not torch.equal(a.codes, c.codes)
+
+
+def test_eos_stops_generation_but_never_before_two_frames(cv):
+    talker = cv.model.talker
+    bonus = torch.zeros(3072)
+    bonus[2150] = 1e4  # eos wins every step once allowed
+    talker.codec_logits = lambda hidden: type(talker).codec_logits(talker, hidden) + bonus
+    try:
+        out = cv.generate("Stop soon.", speaker="vivian", max_new_tokens=20, **GREEDY)
+    finally:
+        del talker.codec_logits
+    assert out.codes.shape[0] == 2  # min_new_tokens 2: eos is banned for the first two code0 samples
+    assert (out.codes[:, 0] < 2048).all()
+
+
+def test_stream_chunks_equal_the_one_shot_decode(cv):
+    kwargs = dict(speaker="dylan", language="chinese", max_new_tokens=30, **GREEDY)
+    whole = cv.generate("你好，欢迎使用语音合成服务。", **kwargs)
+    context = cv.speech_tokenizer.decoder.receptive_field_frames
+    chunks = list(cv.stream("你好，欢迎使用语音合成服务。", first_chunk_frames=3, chunk_frames=7,
+                            left_context_frames=context, **kwargs))
+    assert [len(c) for c in chunks] == [3 * 1920] + [7 * 1920] * 3 + [5 * 1920]
+    np.testing.assert_allclose(np.concatenate(chunks), whole.audio, atol=1e-4, rtol=0)
+
+
+def test_voice_clone_from_audio_and_from_a_supplied_embedding(base):
+    t = np.arange(24000 * 2) / 24000
+    audio = (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+    icl = base.create_voice_clone_prompt(audio, 24000, ref_text="A test tone.")
+    assert icl.ref_codes.shape == (25, 16) and icl.speaker_embedding.shape == (64,)
+    out = base.generate("Clone this voice.", language="english", voice=icl, max_new_tokens=5, **GREEDY)
+    assert out.codes.shape == (4, 16) and out.audio.shape == (4 * 1920,)
+    xvec = base.create_voice_clone_prompt(audio, 24000, x_vector_only=True)
+    assert xvec.ref_codes is None
+    via_prompt = base.generate("Clone this voice.", voice=xvec, max_new_tokens=5, **GREEDY)
+    via_embedding = base.generate("Clone this voice.", speaker_embedding=xvec.speaker_embedding, max_new_tokens=5,
+                                  **GREEDY)
+    assert torch.equal(via_prompt.codes, via_embedding.codes)
+    other = base.generate("Clone this voice.", speaker_embedding=torch.randn(64), max_new_tokens=5, **GREEDY)
+    assert not torch.equal(other.codes, via_prompt.codes)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(text="Hi", speaker="nobody"), "unsupported speaker"),
+    (dict(text="Hi"), "needs a speaker"),
+    (dict(text="  ", speaker="vivian"), "empty"),
+    (dict(text="Hi", speaker="vivian", language="klingon"), "unsupported language"),
+    (dict(text="Hi", speaker="vivian", speaker_embedding=torch.zeros(64)), "voice_clone only"),
+    (dict(text="Hi", speaker="vivian", max_new_tokens=1), "max_new_tokens"),
+    (dict(text="Hi", speaker="vivian", temperature=0.0), "temperature"),
+])
+def test_custom_voice_request_errors(cv, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cv.generate(**kwargs)
+
+
+def test_clone_request_errors(base, cv):
+    with pytest.raises(ValueError, match="needs a speaker embedding"):
+        base.generate("Hi")
+    with pytest.raises(ValueError, match=r"shape \[64\]"):
+        base.generate("Hi", speaker_embedding=torch.zeros(32))
+    with pytest.raises(ValueError, match="reference text"):
+        base.generate("Hi", voice=VoiceClonePrompt(torch.zeros(64), ref_codes=torch.zeros(3, 16, dtype=torch.long)))
+    with pytest.raises(ValueError, match="ref_text"):
+        base.create_voice_clone_prompt(np.zeros(2400, np.float32), 24000)
+    with pytest.raises(ValueError, match="Base checkpoint"):
+        cv.create_voice_clone_prompt(np.zeros(2400, np.float32), 24000, x_vector_only=True)
+    with pytest.raises(TypeError, match="unknown generation parameters"):
+        base.generate("Hi", speaker_embedding=torch.zeros(64), beams=4)
