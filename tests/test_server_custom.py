@@ -111,6 +111,7 @@ def test_speed_changes_duration(server):
     ({"input": "hi", "model": "other-model"}, 404, "model"),
     ({"input": "hi", "ref_audio": "data:audio/wav;base64,!!"}, 400, "ref_audio"),
     ({"input": "hi", "max_new_tokens": 300}, 400, "input"),
+    ({"input": "word " * 400}, 400, "input"),  # tokenizes past --max-model-len 256: refused at prefill
 ])
 def test_errors_then_a_good_request(server, body, status, param):
     got, headers, raw = post_json(server.url + "/v1/audio/speech", body)

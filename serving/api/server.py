@@ -13,6 +13,7 @@ import logging
 import time
 import uuid
 from pathlib import Path
+
 import numpy as np
 from aiohttp import web
 
@@ -21,6 +22,8 @@ from serving.api.errors import APIError, bad_request
 from serving.api.metrics import ServerMetrics
 from serving.api.protocol import Capabilities, SpeechRequest, parse_speaker_embedding, parse_speech_request
 from serving.api.voices import VoiceError, VoiceStore
+from serving.engine.engine import RequestFailed
+from serving.engine.scheduler import QueueFullError
 
 log = logging.getLogger("serving.api")
 
@@ -247,8 +250,6 @@ class SpeechServer:
             raise bad_request(f"request body is not valid JSON: {exc}", None, "invalid_json") from None
         req = parse_speech_request(body, caps, max_chunk_frames=self.engine.info.chunk_frames)
         gen = await self._generation_request(req)
-        from serving.engine.scheduler import QueueFullError
-
         try:
             stream = self.engine.submit(gen)
         except QueueFullError as exc:
@@ -263,6 +264,9 @@ class SpeechServer:
             if req.stream:
                 return await self._stream_response(request, req, stream, headers, t_arrival)
             return await self._whole_response(req, stream, headers, t_arrival)
+        except RequestFailed as exc:  # before any audio went out, so the status can still say so
+            raise APIError(exc.status, str(exc), param="input" if exc.status == 400 else None,
+                           code="generation_failed") from None
         finally:
             if not stream.finished:
                 stream.cancel()
@@ -290,7 +294,17 @@ class SpeechServer:
         response.enable_chunked_encoding()
         n_samples = 0
         first = True
-        async for chunk in stream:
+        chunks = aiter(stream)
+        while True:
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            except RequestFailed:
+                if first:
+                    raise
+                log.exception("request %s failed mid-stream; closing it short", headers["X-Request-Id"])
+                return response
             chunk = audio.time_stretch(chunk, req.speed)
             pcm = audio.to_pcm16(chunk)
             if first:

@@ -68,8 +68,13 @@ class EngineInfo:
     num_slots: int
 
 
-class RequestFailed(ValueError):
-    """The engine could not serve a request it had accepted (e.g. its prompt does not fit a KV slot)."""
+class RequestFailed(Exception):
+    """The engine could not serve a request it had accepted. status 400: the request's fault (e.g. its prompt
+    does not fit a KV slot); 500: the server's; 503: shutting down."""
+
+    def __init__(self, message: str, status: int = 500):
+        super().__init__(message)
+        self.status = status
 
 
 class RequestStream:
@@ -153,7 +158,7 @@ class Engine:
                 pass
         if self.scheduler is not None:
             for stream in list(self.scheduler.waiting) + [s for _, s in self.scheduler.running()]:
-                stream.queue.put_nowait(RequestFailed("the server is shutting down"))
+                stream.queue.put_nowait(RequestFailed("the server is shutting down", 503))
         self._talker_pool.shutdown(wait=True, cancel_futures=True)
         self._codec_pool.shutdown(wait=True, cancel_futures=True)
 
@@ -222,7 +227,7 @@ class Engine:
                     context, stream.max_frames = await loop.run_in_executor(
                         self._talker_pool, self.runner.prefill, slot, stream.request)
                 except ValueError as exc:  # the prompt does not fit, or bad reference audio
-                    self._fail(stream, RequestFailed(str(exc)))
+                    self._fail(stream, RequestFailed(str(exc), 400))
                     continue
                 except Exception as exc:
                     log.exception("prefill failed for %s", stream.request.request_id)
