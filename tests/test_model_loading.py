@@ -78,6 +78,8 @@ def test_config_traps_are_read_from_the_file():
     (lambda c: c["talker_config"].pop("text_vocab_size"), "text_vocab_size"),
     (lambda c: c["talker_config"].update(num_key_value_heads=3), "num_key_value_heads"),
     (lambda c: c["talker_config"]["spk_is_dialect"].update(vivian="klingon_dialect"), "klingon_dialect"),
+    (lambda c: c["talker_config"].update(use_sliding_window=True), "sliding-window"),
+    (lambda c: c["talker_config"]["rope_scaling"].update(rope_type="yarn"), "yarn"),
 ])
 def test_bad_configs_are_rejected_clearly(mutate, match):
     raw = model_config_dict("tiny", "custom_voice")

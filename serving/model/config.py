@@ -152,6 +152,12 @@ class ModelConfig:
         if raw.get("tokenizer_type", "qwen3_tts_tokenizer_12hz") != "qwen3_tts_tokenizer_12hz":
             raise ConfigError(f"tokenizer_type {raw.get('tokenizer_type')!r}: only the 12Hz speech tokenizer is supported")
         t = raw.get("talker_config") or {}
+        for where, sub in (("talker_config", t), ("code_predictor_config", t.get("code_predictor_config") or {})):
+            if sub.get("use_sliding_window"):
+                raise ConfigError(f"{where}.use_sliding_window is set: sliding-window attention is not implemented")
+            rope_type = (sub.get("rope_scaling") or {}).get("rope_type", (sub.get("rope_scaling") or {}).get("type"))
+            if rope_type not in (None, "default"):
+                raise ConfigError(f"{where}.rope_scaling type {rope_type!r} is not supported (only default RoPE)")
         if "text_vocab_size" not in t:
             raise ConfigError("config.json talker_config has no text_vocab_size")
         talker = TalkerConfig(
