@@ -1,10 +1,13 @@
 """Reference side of the codec and speaker-encoder parity tests: runs in .venv-ref (official qwen-tts 0.1.1).
 
-    .venv-ref/bin/python tests/codec_reference.py keys     CONFIG_JSON SPEAKER_CONFIG_JSON OUT_JSON
-    .venv-ref/bin/python tests/codec_reference.py decode   SPEECH_TOKENIZER_DIR CODES_NPY OUT_NPZ
-    .venv-ref/bin/python tests/codec_reference.py encode   SPEECH_TOKENIZER_DIR AUDIO_FILE OUT_NPZ
-    .venv-ref/bin/python tests/codec_reference.py xvector  SPEAKER_CONFIG_JSON WEIGHTS AUDIO_FILE OUT_NPZ
+    .venv-ref/bin/python tests/codec_reference.py JOBS_JSON
 
+JOBS_JSON is a list of [mode, *args] run in one process (importing transformers once costs ~20 s here):
+    ["keys", CONFIG_JSON, SPEAKER_CONFIG_JSON, OUT_JSON]
+    ["decode", SPEECH_TOKENIZER_DIR, CODES_NPY, OUT_NPZ]
+    ["encode", SPEECH_TOKENIZER_DIR, AUDIO_FILE, OUT_NPZ]
+    ["xvector", SPEAKER_CONFIG_JSON, WEIGHTS, AUDIO_FILE, OUT_NPZ]
+    ["mel_filterbank", OUT_NPY]
 Each mode calls the official code the way qwen_tts.Qwen3TTSModel does; the main venv compares the results.
 It imports nothing from this repository.
 """
@@ -83,5 +86,16 @@ def xvector(speaker_config_json, weights, audio_file, out_npz):
     np.savez(out_npz, xvector=xvec.numpy(), mels=mels[0].numpy(), audio=audio)
 
 
+def mel_filterbank(out_npy):
+    """The filterbank the official mel_spectrogram builds."""
+    from librosa.filters import mel
+    np.save(out_npy, mel(sr=24000, n_fft=1024, n_mels=128, fmin=0, fmax=12000))
+
+
+MODES = {"keys": keys, "decode": decode, "encode": encode, "xvector": xvector, "mel_filterbank": mel_filterbank}
+
 if __name__ == "__main__":
-    {"keys": keys, "decode": decode, "encode": encode, "xvector": xvector}[sys.argv[1]](*sys.argv[2:])
+    with open(sys.argv[1]) as f:
+        jobs = json.load(f)
+    for mode, *args in jobs:
+        MODES[mode](*args)

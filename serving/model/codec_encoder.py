@@ -238,7 +238,8 @@ class CodecEncoder(nn.Module):
     @torch.inference_mode()
     def encode(self, audios: list[np.ndarray], sample_rate: int) -> list[torch.Tensor]:
         """Mono audio clips at sample_rate -> one (ceil(samples_24k / 1920), 16) int64 code tensor each.
-        Clips are right-padded with zeros to a batch; the encoder is causal, so padding changes nothing."""
+        Clips are right-padded with zeros to a batch, as the official batched encode does; the encoder is causal,
+        so only a clip's last frame, when partly padding, can differ from encoding the clip alone."""
         if not audios:
             return []
         target = self.config.input_sample_rate
