@@ -60,7 +60,7 @@ def mel_filterbank(sample_rate: int = SAMPLE_RATE, n_fft: int = N_FFT, n_mels: i
 
 
 def log_mel_spectrogram(wav_bl: torch.Tensor) -> torch.Tensor:
-    """(B, samples) 24 kHz waveform -> (B, frames, 128) log mel, frames = samples // 256 (+1 at exact multiples)."""
+    """(B, samples) 24 kHz waveform -> (B, samples // 256, 128) log mel."""
     if wav_bl.dim() != 2:
         raise ValueError(f"waveform must be (batch, samples), got shape {tuple(wav_bl.shape)}")
     pad = (N_FFT - HOP) // 2
