@@ -356,8 +356,10 @@ def _fmt(v) -> str:
 def change_text(base, cur) -> str:
     if base is None or cur is None:
         return ""
+    if cur == base:
+        return "±0"
     if base == 0:
-        return "±0" if cur == 0 else f"{cur - base:+.4g}"
+        return f"{cur - base:+.4g}"
     return f"{100 * (cur - base) / abs(base):+.1f}%"
 
 
