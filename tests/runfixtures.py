@@ -58,7 +58,7 @@ def _record(rng: random.Random, task, set_, level, index, t_start, speed, mode, 
         "instructions": "calm, warm voice" if task == "design" else None,
         "ref_audio_path": "voices/ref_en.wav" if task == "clone" else None,
         "ref_text": "A reference transcript." if task == "clone" else None,
-        "mode": mode, "level": level, "concurrency": conc, "rate": rate, "warmup": warmup,
+        "mode": mode, "level": level, "concurrency": conc, "rate": rate, "warmup": warmup, "session": 0,
         "stream": True, "t_start": round(t_start, 6), "audio_path": None,
     }
     if error:
@@ -247,5 +247,7 @@ def _write_run_json(path: Path, label, groups, levels, mode, n) -> None:
         "host": {"hostname": "ci-runner", "platform": "Linux-6.1-x86_64", "cpu_count": 2, "python": "3.11.7"},
         "packages": {"ttsbench": "0.1.0", "aiohttp": "3.9.5", "numpy": "1.26.4"},
         "started_at": "2025-11-21T10:00:00+00:00", "finished_at": "2025-11-21T10:05:00+00:00",
+        "sessions": [{"started_at": "2025-11-21T10:00:00+00:00", "finished_at": "2025-11-21T10:05:00+00:00",
+                      "command": cmd}],
     }
     (path / "run.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")

@@ -207,6 +207,9 @@ def test_baseline_file_beside_a_run(runs, tmp_path):
     sec = p.sections["results-custom-short-concurrency"]
     assert "baseline base" in sec["text"] and "candidate" in sec["text"]
     assert sec["figures"].count("timeline") == 1        # only the run has per-request records
+    assert set(sec["figures"]) == GROUP_FIGURES
+    alone = parse(build([base], tmp_path / "alone.html")).sections["results-custom-short-concurrency"]
+    assert alone["figures"] == ["latency", "throughput"]  # no empty distribution plots
     b = next(r for r in _summary(runs["base"])["rows"] if r["level"] == "c8")
     assert f"{b['ttfab_ms_p95']:,.1f}" in sec["text"]
     assert "ci-runner" in p.sections["configuration"]["text"]     # the baseline's provenance
@@ -262,8 +265,21 @@ def test_damaged_runs_are_reported_not_hidden(runs, tmp_path):
     assert "1 unreadable line(s)" in text and "no finished_at" in text
 
 
+def test_resumed_run_lists_its_sessions(runs, tmp_path):
+    run = tmp_path / "resumed"
+    shutil.copytree(runs["rate"], run)
+    meta = json.loads((run / "run.json").read_text())
+    meta["sessions"].append({"started_at": "2025-11-21T11:00:00+00:00", "finished_at": "2025-11-21T11:02:00+00:00",
+                             "command": ["ttsbench", "run", "--resume", str(run)], "url": "http://127.0.0.1:8091"})
+    (run / "run.json").write_text(json.dumps(meta))
+    cfg = parse(build([run], tmp_path / "r.html")).sections["configuration"]["text"]
+    assert "sessions" in cfg and "2025-11-21T11:00:00+00:00 – 2025-11-21T11:02:00+00:00" in cfg
+
+
 def test_report_command_errors_and_default_output(runs, tmp_path):
     cli = CliRunner()
+    result = cli.invoke(app, ["report", str(runs["rate"]), "-o", str(tmp_path)])
+    assert result.exit_code == 2 and "cannot write the report" in result.output
     result = cli.invoke(app, ["report", str(tmp_path / "missing")])
     assert result.exit_code == 2 and "run directory not found" in result.output
     bare = tmp_path / "bare"
@@ -272,6 +288,10 @@ def test_report_command_errors_and_default_output(runs, tmp_path):
     result = cli.invoke(app, ["report", str(bare)])
     assert result.exit_code == 2 and "ttsbench summarize" in result.output
     assert not (bare / "report.html").exists()
+    whole = tmp_path / "whole"
+    shutil.copytree(runs["rate"], whole)
+    result = cli.invoke(app, ["report", str(whole)])
+    assert result.exit_code == 0 and (whole / "report.html").is_file()     # default: inside the run
 
 
 # --- rendering in headless Chromium -------------------------------------------------------------

@@ -232,6 +232,8 @@ def report(
         path = build_report(run_dirs, out or run_dirs[0] / "report.html")
     except RunDirError as e:
         _fail(str(e), 2)
+    except OSError as e:
+        _fail(f"cannot write the report: {e}", 2)
     typer.echo(f"report: {path}")
 
 
@@ -248,6 +250,8 @@ def baseline(
         path = gates.write_baseline(run_dir, out)
     except RunDirError as e:
         _fail(str(e), 2)
+    except OSError as e:
+        _fail(f"cannot write the baseline: {e}", 2)
     typer.echo(f"baseline: {path}")
 
 

@@ -84,11 +84,17 @@ def _group_section(runs: list[Run], task: str, set_: str, mode: str, levels: lis
             f"TTFAB and E2E p50 / p95 / p99 against {by}."),
         _figure("throughput", plots.throughput_vs_load(runs, task, set_, levels, mode),
                 f"Audio throughput (dotted: real time) and request throughput against {by}."),
-        _figure("rtf", plots.rtf_distribution(runs, task, set_, levels, mode),
-                f"Distribution of per-request RTF at each {by} level."),
-        _figure("ttfab-cdf", plots.ttfab_cdf(runs, task, set_, levels, mode),
-                "Cumulative distribution of TTFAB per level."),
     ]
+    # Distributions need per-request records, which a baseline file does not keep.
+    with_records = [run for run in runs if any(r.get("task") == task and r.get("set") == set_ for r in run.measured())]
+    if with_records:
+        names = "" if len(with_records) == len(runs) else f" ({', '.join(r.label for r in with_records)})"
+        figs += [
+            _figure("rtf", plots.rtf_distribution(runs, task, set_, levels, mode),
+                    f"Distribution of per-request RTF at each {by} level{names}."),
+            _figure("ttfab-cdf", plots.ttfab_cdf(runs, task, set_, levels, mode),
+                    f"Cumulative distribution of TTFAB per level{names}."),
+        ]
     for run in runs:
         picked = [r for r in plots.pick_timeline_requests(run, task, set_, levels) if playback(r)]
         if picked:

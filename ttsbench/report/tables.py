@@ -269,6 +269,10 @@ def run_tables(runs: list[Run]) -> tuple[str, str | None, str | None]:
             "server": _compact(m.get("server")) or "not recorded",
             "SLO": _compact(run.summary.get("slo")),
         })
+        sessions = m.get("sessions") or []
+        if len(sessions) > 1:   # resumed: each invocation's span, so gaps between them are visible
+            main[-1]["sessions"] = "; ".join(f"{x.get('started_at') or '?'} – {x.get('finished_at') or 'interrupted'}"
+                                             for x in sessions if isinstance(x, dict))
         opts = {f"config: {k}": _compact(v) for k, v in (m.get("config") or {}).items()}
         opts.update({f"host: {k}": _compact(v) for k, v in (m.get("host") or {}).items()})
         options.append(opts)
