@@ -149,6 +149,18 @@ def test_quality_scored_on_one_side_only_is_reported(clean_run, baseline_file, t
     assert "not scored" in result.output
 
 
+def test_differing_run_options_are_noted(clean_run, baseline_file, tmp_path):
+    other = copy_run(clean_run, tmp_path / "other")
+    meta = json.loads((other / "run.json").read_text())
+    meta["config"]["max_new_tokens"] = 512
+    meta["label"] = "other"
+    (other / "run.json").write_text(json.dumps(meta))
+    result = invoke("gate", "--baseline", baseline_file, "--current", other)
+    assert result.exit_code == 0, result.output      # a note, not a failure: the figures decide
+    assert "option max_new_tokens differs: baseline 2048, current 512" in result.output
+    assert "label" not in result.output.split("note:", 1)[1]
+
+
 def test_custom_rules_with_filters_and_rate_levels(tmp_path):
     base = make_run(tmp_path / "base", levels=("r1", "r2.5", "rinf"), n_per_level=10)
     slower = make_run(tmp_path / "slower", levels=("r1", "r2.5", "rinf"), n_per_level=10, speed=1.5)

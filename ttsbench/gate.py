@@ -211,7 +211,7 @@ def _source(path: Path, meta: dict) -> dict:
             "finished_at": meta.get("finished_at"), "ttsbench_version": meta.get("ttsbench_version"),
             "command": meta.get("command"), "url": meta.get("url"), "server": meta.get("server"),
             "embedded_server": meta.get("embedded_server"), "host": meta.get("host"),
-            "config": meta.get("config")}
+            "packages": meta.get("packages"), "config": meta.get("config")}
 
 
 def make_baseline(run_dir: str | Path) -> dict:
@@ -272,6 +272,7 @@ def compare(base: Figures, cur: Figures, rules: Rules) -> Verdict:
     verdict = Verdict()
     if base.slo and cur.slo and base.slo != cur.slo:
         verdict.notes.append(f"the SLO differs (baseline {base.slo}, current {cur.slo}): goodput is not comparable")
+    verdict.notes += _config_differences(base.source, cur.source)
     missing_status = "FAIL" if rules.missing_levels == "fail" else "missing"
     for key in sorted(set(base.rows) | set(cur.rows)):
         if key in base.rows and key in cur.rows:
@@ -299,6 +300,20 @@ def compare(base: Figures, cur: Figures, rules: Rules) -> Verdict:
                 verdict.checks.append(_check(rule, "/".join(key), base.rows[key].get(rule.metric),
                                              cur.rows[key].get(rule.metric)))
     return verdict
+
+
+_IRRELEVANT_OPTIONS = {"label", "save_audio", "datasets", "out", "resume"}
+
+
+def _config_differences(base: dict, cur: dict) -> list[str]:
+    """Run options that differ: figures measured under other options may differ for that reason alone."""
+    bc, cc = base.get("config") or {}, cur.get("config") or {}
+    notes = [f"option {k} differs: baseline {bc[k]!r}, current {cc[k]!r}"
+             for k in sorted(set(bc) & set(cc) - _IRRELEVANT_OPTIONS) if bc[k] != cc[k]]
+    models = [(side.get("embedded_server") or {}).get("model") for side in (base, cur)]
+    if models[0] != models[1]:
+        notes.append(f"embedded server model differs: baseline {models[0]!r}, current {models[1]!r}")
+    return notes
 
 
 def _ratio(row: dict, ref: dict, metric: str) -> float | None:
