@@ -458,7 +458,10 @@ def init_random_(decoder: CodecDecoder, generator: torch.Generator) -> None:
 
     for module in decoder.modules():
         if isinstance(module, (nn.Conv1d, nn.ConvTranspose1d)):
-            fan_in = module.weight[0].numel() if isinstance(module, nn.Conv1d) else module.weight.shape[0] * module.weight.shape[2] // module.stride[0]
+            if isinstance(module, nn.Conv1d):
+                fan_in = module.weight[0].numel()
+            else:  # transposed, weight (in, out, k): each output sample sums in * k / stride taps
+                fan_in = module.weight.shape[0] * module.weight.shape[2] // module.stride[0]
             normal_(module.weight, 1.0 / math.sqrt(fan_in))
             if module.bias is not None:
                 normal_(module.bias, 0.02)
