@@ -223,6 +223,8 @@ def _write_quality(path: Path, measured: list[dict], rng: random.Random, wer_shi
                      "sim_mean": round(float(np.mean(sims)), 6), "sim_n": len(cs),
                      "sim_kind": "reference" if task == "clone" else "consistency",
                      "flagged_share": round(len(flagged) / len(cs), 6), "flagged_n": len(flagged),
+                     "flag_counts": {k: sum(k in c["flags"] for c in cs)
+                                     for k in sorted({f for c in cs for f in c["flags"]})},
                      "asr_backend": "whisper", "asr_model": "tiny", "sim_backend": "ecapa"})
     return rows
 

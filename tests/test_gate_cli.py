@@ -236,6 +236,28 @@ def test_bad_rules_exit_2(text, message, clean_run, baseline_file, tmp_path):
     assert message in result.output
 
 
+def test_fields_of_later_versions_are_kept_and_gateable(clean_run, baseline_file, tmp_path):
+    """Unknown fields do not make a summary unusable; a numeric one can be gated, a non-numeric one not."""
+    def add(summary):
+        for row in summary["rows"]:
+            row["latency_histogram"] = {"<100ms": 3, ">=100ms": 5}
+        for q in summary["quality"]:
+            q["utmos_mean"] = 3.9
+    newer_base, newer = copy_run(clean_run, tmp_path / "nb"), copy_run(clean_run, tmp_path / "n")
+    edit_summary(newer_base, add)
+    edit_summary(newer, add)
+    edit_summary(newer, lambda s: s["quality"][0].update(utmos_mean=3.5))
+    rules = tmp_path / "utmos.toml"
+    rules.write_text('[[rule]]\nmetric = "utmos_mean"\nmax_fall = 0.2\n')
+    result = invoke("gate", "--baseline", newer_base, "--current", newer, "--rules", rules)
+    assert result.exit_code == 1, result.output
+    assert "custom/short " in result.output and "3.5" in result.output   # judged per (task, set)
+    for metric in ("latency_histogram", "sim_kind"):
+        rules.write_text(f'[[rule]]\nmetric = "{metric}"\nmax = 1\n')
+        result = invoke("gate", "--baseline", newer_base, "--current", newer, "--rules", rules)
+        assert result.exit_code == 2 and "is not a number" in result.output, result.output
+
+
 def test_missing_inputs_exit_2(clean_run, baseline_file, tmp_path):
     result = invoke("gate", "--baseline", tmp_path / "nope.json", "--current", clean_run)
     assert result.exit_code == 2 and "not found" in result.output

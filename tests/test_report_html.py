@@ -162,6 +162,7 @@ def test_quality_and_flagged_clips(runs, reports):
         assert label in sec["text"]
     q = _summary(runs["base"])["quality"][0]
     assert f"{100 * q['wer_mean']:.2f}%" in sec["text"] and f"{q['sim_mean']:,.3f}" in sec["text"]
+    assert f"too_long: {q['flag_counts']['too_long']}" in sec["text"]
     flagged = [json.loads(line) for line in (runs["base"] / "quality.jsonl").read_text().splitlines()]
     flagged = [c for c in flagged if c["flags"]]
     assert flagged and all(c["id"] in sec["text"] for c in flagged[:25])

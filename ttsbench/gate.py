@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ttsbench import __version__
 from ttsbench.report.rundir import BASELINE_KIND, RunDirError, load_run
-from ttsbench.report.tables import QUALITY_FIGURES, SUMMARY_FIGURES
+from ttsbench.report.figures import QUALITY_NUMERIC, SUMMARY_NUMERIC
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -27,8 +27,6 @@ else:  # pragma: no cover - Python 3.10
 
 _LIMIT_KEYS = ("max_rise_pct", "max_fall_pct", "max_rise", "max_fall", "max", "min")
 _RULE_KEYS = {"metric", "tasks", "sets", "levels", "relative_to_level", "why", *_LIMIT_KEYS}
-QUALITY_METRICS = {k for k, _l, fmt, _b in QUALITY_FIGURES if fmt != "text"}
-_KNOWN_METRICS = {k for k, *_ in SUMMARY_FIGURES} | QUALITY_METRICS
 
 
 class RulesError(ValueError):
@@ -49,10 +47,6 @@ class Rule:
     levels: tuple[str, ...] | None = None
     relative_to_level: str | None = None
     why: str | None = None
-
-    @property
-    def is_quality(self) -> bool:
-        return self.metric in QUALITY_METRICS
 
     @property
     def needs_baseline(self) -> bool:
@@ -173,7 +167,7 @@ def _parse_rule(raw: dict, i: int, source: str) -> Rule:
         ref = raw["relative_to_level"]
         if not isinstance(ref, str) or not ref:
             raise RulesError(f"{where}: relative_to_level must be a level name such as \"c1\"")
-        if metric in QUALITY_METRICS:
+        if metric in QUALITY_NUMERIC:
             raise RulesError(f"{where}: relative_to_level applies to per-level figures, not quality figures")
         kw["relative_to_level"] = ref
     if "why" in raw:
@@ -281,7 +275,7 @@ def compare(base: Figures, cur: Figures, rules: Rules) -> Verdict:
         verdict.checks.append(Check("coverage", "/".join(key), None, None, "measured on both sides",
                                     missing_status, f"not in the {side}"))
     for rule in rules.rules:
-        if rule.is_quality:
+        if _is_quality(rule.metric, base, cur):
             _quality_checks(rule, base, cur, missing_status, verdict)
             continue
         for key in sorted(set(base.rows) & set(cur.rows)):
@@ -352,12 +346,28 @@ def _check(rule: Rule, where: str, base, cur) -> Check:
     return Check(what, where, base, cur, limit, "pass" if ok else "FAIL", "" if ok else (rule.why or ""))
 
 
+def _values(metric: str, figures: tuple[Figures, ...], quality: bool) -> list:
+    return [r[metric] for f in figures for r in (f.quality if quality else f.rows).values() if metric in r]
+
+
+def _is_quality(metric: str, base: Figures, cur: Figures) -> bool:
+    """Quality figures are per (task, set); a figure unknown to this version counts as one if only
+    quality rows carry it."""
+    return metric in QUALITY_NUMERIC or (metric not in SUMMARY_NUMERIC and not _values(metric, (base, cur), False)
+                                         and bool(_values(metric, (base, cur), True)))
+
+
 def _check_metrics_known(rules: Rules, base: Figures, cur: Figures) -> None:
-    present = {k for f in (base, cur) for rows in (f.rows, f.quality) for r in rows.values() for k in r}
+    """Every rule names a numeric figure: a known one, or one the compared files carry."""
     for rule in rules.rules:
-        if rule.metric not in _KNOWN_METRICS and rule.metric not in present:
+        values = _values(rule.metric, (base, cur), _is_quality(rule.metric, base, cur))
+        if rule.metric not in SUMMARY_NUMERIC | QUALITY_NUMERIC and not values:
             raise RulesError(f"{rules.source}: unknown metric {rule.metric!r}: not a summary figure "
                              "(e.g. ttfab_ms_p95, e2e_ms_p99, audio_throughput, failed, wer_mean)")
+        bad = [v for v in values if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))]
+        if bad:
+            raise RulesError(f"{rules.source}: metric {rule.metric!r} is not a number (e.g. {bad[0]!r}); "
+                             "rules compare numeric figures")
 
 
 def _fmt(v) -> str:

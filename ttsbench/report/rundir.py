@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ttsbench.report.figures import QUALITY_NUMERIC, SUMMARY_NUMERIC
+
 
 class RunDirError(ValueError):
     """A run directory, summary or baseline file that cannot be used."""
@@ -77,7 +79,7 @@ def read_jsonl(path: Path) -> tuple[list[dict], int]:
 def validate_summary(summary: dict, source: Path) -> dict:
     """Check the shape of summary.json (or a baseline's copy of it) and return it.
 
-    Figures are checked to be numbers or null, so a gate never compares strings by accident.
+    Known figures are checked to be numbers or null, so a gate never compares strings by accident.
     """
     rows = summary.get("rows")
     if not isinstance(rows, list):
@@ -93,8 +95,7 @@ def validate_summary(summary: dict, source: Path) -> dict:
         if ident in seen:
             raise RunDirError(f"{source}: rows[{i}] repeats {'/'.join(ident)}")
         seen.add(ident)
-        _check_numbers(row, f"{source}: rows[{i}] ({'/'.join(ident)})",
-                       skip=("task", "set", "level", "mode", "errors"))
+        _check_numbers(row, f"{source}: rows[{i}] ({'/'.join(ident)})", SUMMARY_NUMERIC)
         if not isinstance(row.get("errors", {}), (dict, type(None))):
             raise RunDirError(f"{source}: rows[{i}] 'errors' must be an object of counts")
     quality = summary.get("quality", [])
@@ -105,16 +106,15 @@ def validate_summary(summary: dict, source: Path) -> dict:
     for i, q in enumerate(quality):
         if not isinstance(q, dict) or not isinstance(q.get("task"), str) or not isinstance(q.get("set"), str):
             raise RunDirError(f"{source}: quality[{i}] needs 'task' and 'set'")
-        _check_numbers(q, f"{source}: quality[{i}]",
-                       skip=("task", "set", "sim_kind", "asr_backend", "asr_model", "sim_backend"))
+        _check_numbers(q, f"{source}: quality[{i}] ({q['task']}/{q['set']})", QUALITY_NUMERIC)
     return summary
 
 
-def _check_numbers(obj: dict, where: str, skip: tuple[str, ...]) -> None:
-    for key, value in obj.items():
-        if key in skip or value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+def _check_numbers(obj: dict, where: str, numeric: set[str]) -> None:
+    """Known figures must be numbers or null; fields added by later versions are kept as they are."""
+    for key in numeric & set(obj):
+        value = obj[key]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise RunDirError(f"{where}: '{key}' must be a number or null, got {value!r}")
 
 

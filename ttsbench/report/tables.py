@@ -14,45 +14,16 @@ from html import escape
 
 import pandas as pd
 
+from ttsbench.report.figures import QUALITY_FIGURES, QUALITY_KEYS, ROW_KEYS, SUMMARY_FIGURES
 from ttsbench.report.rundir import Run, level_key
-
-# (key, label, format, better): the summary row figures, in reading order.
-_DIST = ("mean", "median", "p90", "p95", "p99", "max")
-_DIST_METRICS = (("ttfab_ms", "TTFAB ms", "ms"), ("e2e_ms", "E2E ms", "ms"), ("rtf", "RTF", "f3"),
-                 ("underrun_s", "underrun s", "f3"), ("max_gap_ms", "max chunk gap ms", "ms"))
-SUMMARY_FIGURES: list[tuple[str, str, str, str | None]] = [
-    ("completed", "completed", "int", "higher"),
-    ("failed", "failed", "int", "lower"),
-    ("duration_s", "duration s", "f2", None),
-    ("request_throughput", "request throughput req/s", "f3", "higher"),
-    ("audio_throughput", "audio throughput (audio s / s)", "f3", "higher"),
-    ("frames_per_s", "frames / s", "f1", "higher"),
-    ("total_audio_s", "total audio s", "f1", None),
-    ("goodput", "goodput (share meeting SLO)", "pct", "higher"),
-] + [(f"{m}_{d}", f"{label} {d}", fmt, "lower") for m, label, fmt in _DIST_METRICS for d in _DIST]
-
-QUALITY_FIGURES: list[tuple[str, str, str, str | None]] = [
-    ("n_clips", "clips", "int", None),
-    ("wer_mean", "WER mean", "pct", "lower"),
-    ("wer_corpus", "WER corpus", "pct", "lower"),
-    ("wer_n", "WER clips scored", "int", None),
-    ("sim_mean", "SIM mean", "f3", "higher"),
-    ("sim_n", "SIM clips scored", "int", None),
-    ("sim_kind", "SIM kind", "text", None),
-    ("flagged_share", "flagged share", "pct", "lower"),
-    ("flagged_n", "flagged clips", "int", "lower"),
-    ("asr_backend", "ASR backend", "text", None),
-    ("asr_model", "ASR model", "text", None),
-    ("sim_backend", "SIM backend", "text", None),
-]
-
-_ROW_KEYS = {"task", "set", "level", "mode", "concurrency", "rate", "errors"}
-_QUALITY_KEYS = {"task", "set"}
-
 
 def fmt_value(value, fmt: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
+    if isinstance(value, dict):
+        return escape(", ".join(f"{k}: {v}" for k, v in value.items())) or "none"
+    if isinstance(value, list):
+        return escape(", ".join(map(str, value)))
     if fmt == "text" or isinstance(value, str):
         return escape(str(value))
     if isinstance(value, float) and math.isinf(value):
@@ -92,7 +63,8 @@ def extra_figures(rows: list[dict], known: list[tuple], skip: set[str]) -> list[
         for key, value in row.items():
             if key in names or key in skip or key in {e[0] for e in extra}:
                 continue
-            extra.append((key, key, "text" if isinstance(value, str) else "f3", None))
+            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+            extra.append((key, key, "f3" if numeric else "text", None))
     return extra
 
 
@@ -133,7 +105,7 @@ def errors_text(errors) -> str:
 
 def summary_table(runs: list[Run], task: str, set_: str, levels: list[str]) -> str:
     rows = [[r for r in run.rows if r["task"] == task and r["set"] == set_] for run in runs]
-    figures = SUMMARY_FIGURES + extra_figures([r for rs in rows for r in rs], SUMMARY_FIGURES, _ROW_KEYS)
+    figures = SUMMARY_FIGURES + extra_figures([r for rs in rows for r in rs], SUMMARY_FIGURES, ROW_KEYS)
     groups = [(lvl, [next((r for r in rs if r["level"] == lvl), None) for rs in rows]) for lvl in levels]
     return figure_table(figures, groups, [run.label for run in runs], errors_row=True)
 
@@ -143,7 +115,7 @@ def quality_table(runs: list[Run]) -> str | None:
     if not keys:
         return None
     figures = QUALITY_FIGURES + extra_figures([q for run in runs for q in run.quality],
-                                              QUALITY_FIGURES, _QUALITY_KEYS)
+                                              QUALITY_FIGURES, QUALITY_KEYS)
     groups = [(f"{t} / {s}", [next((q for q in run.quality if (q["task"], q["set"]) == (t, s)), None)
                               for run in runs]) for t, s in keys]
     return figure_table(figures, groups, [run.label for run in runs])
