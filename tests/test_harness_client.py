@@ -55,11 +55,14 @@ def test_streams_are_read_with_audio_arrivals(server, form):
     assert fig["ok"] and fig["error"] is None and fig["http_status"] == 200
     written = sum(n for _, n in entry["writes"])
     assert fig["bytes"] == written and fig["audio_s"] == written / RATE_BYTES
-    assert fig["sample_rate"] == 24000 and fig["n_chunks"] == len(entry["writes"])
-    assert [n for _, n in fig["chunks"]] == [n for _, n in entry["writes"]]
+    assert fig["sample_rate"] == 24000 and sum(n for _, n in fig["chunks"]) == written
+    if form == "sse":  # one chunk per event, even when several arrive in one read
+        assert [n for _, n in fig["chunks"]] == [n for _, n in entry["writes"]]
+    else:  # a busy machine may deliver two writes in one read
+        assert 1 <= fig["n_chunks"] <= len(entry["writes"])
     # first audio is the first audio write, not the WAV header (written at once) or SSE framing
     assert fig["ttfab_ms"] >= (entry["writes"][0][0] - raw.t_start) * 1000
-    assert fig["ttfab_ms"] >= 40 > fig["t_headers_ms"]
+    assert fig["ttfab_ms"] >= 40 and fig["t_headers_ms"] <= fig["ttfab_ms"]
     assert fig["e2e_ms"] >= fig["chunks"][-1][0] and fig["rtf"] == pytest.approx(fig["e2e_ms"] / 1000 / fig["audio_s"], rel=1e-4)
     assert entry["authorization"] == "Bearer k-123"
     # the saved WAV holds exactly the samples received

@@ -2,7 +2,8 @@
 
 This module is the one place that knows where the data files live: a source checkout's `datasets/`
 folder, or, for a non-editable install, the copy that setuptools installs under
-`<prefix>/share/ttsbench/datasets` (see `[tool.setuptools.data-files]` in pyproject.toml).
+`<prefix>/share/ttsbench/datasets` (see `[tool.setuptools.data-files]` in pyproject.toml; the
+user base instead of the prefix for `pip install --user`).
 `TTSBENCH_DATASETS` overrides both.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import statistics
 import sys
 from dataclasses import dataclass
@@ -69,7 +71,8 @@ def datasets_dir() -> Path:
         return Path(env)
     checkout = Path(__file__).resolve().parent.parent / "datasets"
     installed = Path(sys.prefix) / "share" / "ttsbench" / "datasets"
-    for candidate in (checkout, installed):
+    user_installed = Path(site.getuserbase()) / "share" / "ttsbench" / "datasets"  # pip install --user
+    for candidate in (checkout, installed, user_installed):
         if (candidate / "short.jsonl").is_file():
             return candidate
     return checkout if checkout.is_dir() else installed

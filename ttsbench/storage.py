@@ -1,7 +1,9 @@
 """The run directory (docs/run-format.md): run.json, requests.jsonl, summary.json/.csv, audio/.
 
 requests.jsonl is appended and flushed one line per completed request, so an interrupted run loses
-nothing that finished; `--resume` reads it back to continue.
+nothing that finished; `--resume` reads it back to continue. Files are written by one background
+thread, in order: opening and writing files can stall for milliseconds, and on the event loop that
+would delay the arrival stamps of every other stream.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import datetime as dt
 import json
 import os
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ttsbench import metrics
@@ -41,8 +44,9 @@ class RunDir:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.audio_dir = self.path / "audio"
         self._requests = None
+        self._writer: ThreadPoolExecutor | None = None
+        self._write_error: BaseException | None = None
 
     @classmethod
     def create(cls, path: Path, run_info: dict) -> "RunDir":
@@ -86,26 +90,50 @@ class RunDir:
                     warnings.warn(f"{path}:{lineno}: skipping an incomplete record")
         return out
 
+    def _submit(self, fn, *args) -> None:
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ttsbench-writer")
+        self._writer.submit(fn, *args).add_done_callback(self._note_error)
+
+    def _note_error(self, future: Future) -> None:
+        if future.exception() is not None and self._write_error is None:
+            self._write_error = future.exception()
+
     def append(self, record: dict) -> None:
+        """Queue one record line (serialised now, written and flushed in the background)."""
+        self._submit(self._write_line, json.dumps(record, ensure_ascii=False) + "\n")
+
+    def _write_line(self, line: str) -> None:
         if self._requests is None:
             path = self.path / "requests.jsonl"
             self._requests = path.open("a", encoding="utf-8")
             if path.stat().st_size and not _ends_with_newline(path):
                 self._requests.write("\n")  # a crash cut the last line short: start a fresh one
-        self._requests.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._requests.write(line)
         self._requests.flush()
 
     def close(self) -> None:
+        """Wait for every queued write; raise the first one that failed (e.g. a full disk)."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
         if self._requests is not None:
             self._requests.close()
             self._requests = None
+        if self._write_error is not None:
+            error, self._write_error = self._write_error, None
+            raise OSError(f"writing to {self.path} failed: {error}") from error
 
     # audio/
     def save_audio(self, request_id: str, wav: bytes) -> str:
-        self.audio_dir.mkdir(exist_ok=True)
+        """Queue the file's writing; returns its path relative to the run directory."""
         rel = f"audio/{safe_id(request_id)}.wav"
-        (self.path / rel).write_bytes(wav)
+        self._submit(self._write_audio, self.path / rel, wav)
         return rel
+
+    def _write_audio(self, path: Path, wav: bytes) -> None:
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(wav)
 
     # summary.json / summary.csv
     def write_summary(self, slo: metrics.SLO) -> list[dict]:
