@@ -102,6 +102,8 @@ def test_summary_quality_rows_keep_the_rest(scored_run):
     assert design["flagged_share"] == 1.0 and design["flagged_n"] == 1 and design["flag_counts"]["silent"] == 1
     for row in q.values():
         assert (row["asr_backend"], row["asr_model"], row["sim_backend"]) == ("whisper", "base", "resemblyzer")
+        assert list(row["by_level"]) == ["c1"] and list(row["by_language"]) == ["English"]
+        assert row["by_level"]["c1"]["wer_n"] == row["wer_n"] and row["by_level"]["c1"]["sim_n"] == row["sim_n"]
     # every figure can be recomputed from quality.jsonl
     rows = [r for r in _quality(scored_run).values() if r["task"] == "custom"]
     assert custom["wer_mean"] == pytest.approx(np.mean([r["wer"] for r in rows]), abs=1e-4)
@@ -179,3 +181,14 @@ def test_run_quality_options_are_checked_before_any_request():
     assert result.exit_code == 2 and "--no-save-audio" in result.output
     result = cli.invoke(app, ["run", "--url", "http://127.0.0.1:9", "--quality", "--quality-args", "--asr-modle x"])
     assert result.exit_code == 2 and "No such option: --asr-modle" in result.output
+
+
+def test_missing_reference_clips_fail_before_any_scoring(tmp_path):
+    write_wav(tmp_path / "audio" / "k.wav", 0.3 * np.sin(np.linspace(0, 2000, 24000)).astype(np.float32))
+    write_run(tmp_path, [record("clone/short/c1/0", "clone", "short", "Hello there.", "audio/k.wav",
+                                voice="gone", ref_audio_path="voices/gone.wav")])
+    result = cli.invoke(app, ["quality", str(tmp_path), "--asr", "none", "--sim", "resemblyzer"])
+    assert result.exit_code == 2 and "reference clips not found: voices/gone.wav" in result.output
+    assert not (tmp_path / "quality.jsonl").exists()
+    result = cli.invoke(app, ["quality", str(tmp_path), "--asr", "none", "--sim", "none"])
+    assert result.exit_code == 0 and (tmp_path / "quality.jsonl").exists()

@@ -87,11 +87,22 @@ def resolve_ref_audio(value: str, run_dir: Path) -> Path:
     return datasets_dir() / path
 
 
+def _check_references(records: list[dict], run_dir: Path) -> None:
+    """Clone references must be there before hours of ASR, not found missing after them."""
+    missing = sorted({r["ref_audio_path"] for r in records if r.get("task") == "clone" and r.get("ref_audio_path")
+                      and not resolve_ref_audio(r["ref_audio_path"], run_dir).is_file()})
+    if missing:
+        from ttsbench.datasets import datasets_dir
+
+        raise QualityError(f"reference clips not found: {', '.join(missing)} (looked in {datasets_dir()} "
+                           f"and {run_dir}; set TTSBENCH_DATASETS, or score with --sim none)")
+
+
 def _score_clip(record: dict, run_dir: Path, backends: Backends, options: Options):
     """(quality record, speaker embedding or None) for one request."""
     text = record.get("text") or ""
     row = {"id": record["id"], "task": record.get("task"), "set": record.get("set"),
-           "language": record.get("language"), "voice": record.get("voice")}
+           "level": record.get("level"), "language": record.get("language"), "voice": record.get("voice")}
     empty = {"asr_text": None, "ref_text_norm": None, "hyp_text_norm": None, "wer": None, "unit": None,
              "ref_units": None, "errors": None, "sim": None}
     audio_path = record.get("audio_path")
@@ -155,32 +166,50 @@ def _mean(values: list[float]) -> float | None:
     return round(float(np.mean(values)), 4) if values else None
 
 
+def _figures(members: list[dict]) -> dict:
+    """WER (mean of utterances, corpus), SIM and flagged share of some clips, each with its count."""
+    scored = [r for r in members if r.get("wer") is not None]
+    sims = [r["sim"] for r in members if r.get("sim") is not None]
+    corpus = normalize.corpus_wer([(r["errors"], r["ref_units"]) for r in scored])
+    return {
+        "wer_mean": _mean([r["wer"] for r in scored]),
+        "wer_corpus": round(corpus, 4) if corpus is not None else None,
+        "wer_n": len(scored),
+        "sim_mean": _mean(sims), "sim_n": len(sims),
+        "flagged_share": round(sum(1 for r in members if r["flags"]) / len(members), 4),
+        "flagged_n": len(members),
+    }
+
+
+def _by(members: list[dict], key: str) -> dict:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in members:
+        groups[str(r.get(key))].append(r)
+    return {name: _figures(group) for name, group in groups.items()}
+
+
 def aggregate(rows: list[dict], asr_backend: str | None, asr_model: str | None,
               sim_backend: str | None) -> list[dict]:
-    """summary.json `quality` rows, one per (task, set), recomputed from quality.jsonl records."""
+    """summary.json `quality` rows, one per (task, set), recomputed from quality.jsonl records.
+
+    Besides the set's figures: `flag_counts` (clips per flag kind), and the same figures `by_language`
+    (a multilingual set mixes WER and CER, which papers report apart) and `by_level` (quality under load:
+    a batching bug shows at high concurrency only)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for row in rows:
         groups[(row["task"], row["set"])].append(row)
     out = []
     for (task, set_), members in groups.items():
-        scored = [r for r in members if r.get("wer") is not None]
-        sims = [r["sim"] for r in members if r.get("sim") is not None]
-        corpus = normalize.corpus_wer([(r["errors"], r["ref_units"]) for r in scored])
-        flagged = [r for r in members if r["flags"]]
         kinds: dict[str, int] = defaultdict(int)
         for r in members:
             for kind in {sanity.flag_kind(f) for f in r["flags"]}:
                 kinds[kind] += 1
         out.append({
-            "task": task, "set": set_, "n_clips": len(members),
-            "wer_mean": _mean([r["wer"] for r in scored]),
-            "wer_corpus": round(corpus, 4) if corpus is not None else None,
-            "wer_n": len(scored),
-            "sim_mean": _mean(sims), "sim_n": len(sims),
+            "task": task, "set": set_, "n_clips": len(members), **_figures(members),
             "sim_kind": next((r.get("sim_kind") for r in members if r.get("sim_kind")), None),
-            "flagged_share": round(len(flagged) / len(members), 4), "flagged_n": len(members),
             "flag_counts": dict(sorted(kinds.items())),
             "asr_backend": asr_backend, "asr_model": asr_model, "sim_backend": sim_backend,
+            "by_language": _by(members, "language"), "by_level": _by(members, "level"),
         })
     return out
 
@@ -196,6 +225,8 @@ def score_run(run_dir: Path, options: Options, progress: Callable[[int, int], No
     records = select(run.records(), options.limit)
     if not records:
         raise QualityError(f"{run_dir} has no completed requests to score")
+    if options.sim != "none":
+        _check_references(records, run.path)
     backends = Backends(options)
 
     rows, embeddings = [], []

