@@ -129,10 +129,10 @@ def _score_clip(record: dict, run_dir: Path, backends: Backends, options: Option
 def _similarities(rows: list[dict], embeddings: list, records: list[dict], run_dir: Path,
                   backends: Backends) -> None:
     """Fill `sim` and `sim_kind`: clone vs its reference clip, custom vs the same speaker's other clips."""
-    ref_cache: dict[Path, np.ndarray | None] = {}
-    by_voice: dict[tuple, list[int]] = defaultdict(list)
     from ttsbench.quality.speaker import cosine
 
+    ref_cache: dict[Path, np.ndarray | None] = {}
+    by_voice: dict[tuple, list[int]] = defaultdict(list)
     for i, (row, emb, rec) in enumerate(zip(rows, embeddings, records)):
         if rec.get("task") == "clone":
             row["sim_kind"] = "reference"

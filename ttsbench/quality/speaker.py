@@ -74,6 +74,7 @@ class EcapaEmbedder:
                                f"({_ECAPA_FILES}) there, or pass --sim-model DIR, or use --sim resemblyzer")
         try:
             from speechbrain.inference.speaker import EncoderClassifier
+            from speechbrain.utils.fetching import LocalStrategy
         except Exception as exc:  # ImportError, or torchaudio failing to load against this torch
             raise QualityError(f"the ecapa backend needs speechbrain and a torchaudio that matches your torch "
                                f"({type(exc).__name__}: {exc}): pip install speechbrain torchaudio; "
@@ -81,9 +82,10 @@ class EcapaEmbedder:
         import torch
 
         self._torch = torch
+        # NO_LINK: read the files where they are (no copies or symlinks written beside them).
         self._model = EncoderClassifier.from_hparams(
-            source=str(source), savedir=str(source), run_opts={"device": _device(device)},
-            overrides={"pretrained_path": str(source)})
+            source=str(source), savedir=str(source), local_strategy=LocalStrategy.NO_LINK,
+            run_opts={"device": _device(device)}, overrides={"pretrained_path": str(source)})
 
     def embed(self, audio_16k: np.ndarray) -> np.ndarray | None:
         if len(audio_16k) < MODEL_RATE // 4:
