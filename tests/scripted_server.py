@@ -72,6 +72,9 @@ class ScriptedServer:
         sc = self.script.get(body.get("input"), {"chunks": [[0, 4800]]})
         try:
             return await self._answer(request, sc, t_recv, entry)
+        except ConnectionResetError:  # the client went away (timeout, Ctrl-C): nothing to answer
+            entry["client_gone"] = True
+            return web.Response()
         finally:
             self._write_log(entry)
 

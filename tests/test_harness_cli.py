@@ -192,3 +192,37 @@ def test_datasets_command_builtin(monkeypatch):
 def test_summarize_needs_a_run_directory(tmp_path):
     result = cli.invoke(app, ["summarize", str(tmp_path)])
     assert result.exit_code == 2 and "not a run directory" in result.output
+
+
+def test_ctrl_c_keeps_completed_requests_and_resume_finishes(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = {f"slow {i}": {"chunks": [[40 * k, 4800] for k in range(1, 8)]} for i in range(30)}
+    data = _write(tmp_path / "slow.jsonl", [{"text": t} for t in script])
+    out = tmp_path / "run"
+    exe = str(Path(sys.executable).parent / "ttsbench")
+    with running(script, tmp_path / "server") as srv:
+        proc = subprocess.Popen([exe, "run", "--url", srv.url, "--dataset", str(data), "--concurrency", "2",
+                                 "--num-requests", "30", "--warmup", "0", "--out", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        requests_file = out / "requests.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (requests_file.exists() and len(requests_file.read_text().splitlines()) >= 4):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and f"--resume {out}" in output, output
+        kept = [json.loads(line) for line in requests_file.read_text().splitlines()]
+        assert 4 <= len(kept) < 30 and all(r["ok"] for r in kept)
+        assert json.loads((out / "summary.json").read_text())["rows"][0]["completed"] == len(kept)
+        assert json.loads((out / "run.json").read_text())["finished_at"] is None
+
+        result = _run("--resume", str(out), "--url", srv.url)
+        assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in requests_file.read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == sorted(f"custom/slow/c2/{i}" for i in range(30))
+    assert records[:len(kept)] == kept

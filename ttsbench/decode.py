@@ -135,23 +135,21 @@ def _error_message(body: bytes) -> str:
 
 
 def _byte_stream(pieces: list[tuple[float, bytes]], form: str, pcm_rate: int, out: Decoded) -> None:
-    """PCM or WAV bytes that arrive in `pieces`; fills out.chunks/data/fmt. WAV headers are skipped
-    wherever they appear at the start of the stream."""
+    """PCM, or WAV (its header at the start of the stream is not audio), arriving in `pieces`."""
     body = b"".join(p for _, p in pieces)
+    announced = None
     if form == "wav":
         wav = _parse_wav_header(body)
         if wav is None:
             raise AudioError("truncated", f"stream ended inside the WAV header ({len(body)} bytes)")
         start, fmt, rate, align = wav.data_offset, wav.fmt, wav.rate, wav.block_align
-        end = len(body) if wav.data_size is None else start + wav.data_size
-        if end > len(body):
-            out_of = end - start
-            end = len(body)
-            _fill(out, pieces, start, end, body, fmt, rate, align)
-            raise AudioError("truncated", f"WAV header announces {out_of} data bytes, got {end - start}")
+        announced = wav.data_size
     else:
-        start, end, fmt, rate, align = 0, len(body), _pcm16_fmt(pcm_rate, 1), pcm_rate, 2
+        start, fmt, rate, align = 0, _pcm16_fmt(pcm_rate, 1), pcm_rate, 2
+    end = len(body) if announced is None else min(len(body), start + announced)
     _fill(out, pieces, start, end, body, fmt, rate, align)
+    if announced is not None and end - start < announced:
+        raise AudioError("truncated", f"WAV header announces {announced} data bytes, got {end - start}")
     if (end - start) % align:
         raise AudioError("truncated", f"stream ended inside a sample ({end - start} bytes, frames of {align})")
 
