@@ -161,6 +161,27 @@ def test_differing_run_options_are_noted(clean_run, baseline_file, tmp_path):
     assert "label" not in result.output.split("note:", 1)[1]
 
 
+def test_rule_that_checks_nothing_is_reported(clean_run, baseline_file, tmp_path):
+    rules = tmp_path / "typo.toml"
+    rules.write_text('[[rule]]\nmetric = "failed"\nmax = 0\n'
+                     '[[rule]]\nmetric = "ttfab_ms_p95"\nmax_rise_pct = 10\nlevels = ["c16"]\n')
+    result = invoke("gate", "--baseline", baseline_file, "--current", clean_run, "--rules", rules)
+    assert result.exit_code == 1 and "checked nothing" in result.output and "levels=c16" in result.output
+
+
+def test_json_verdict(clean_run, baseline_file, tmp_path):
+    bad, key = _craft(clean_run, tmp_path / "bad", "audio_throughput", 0)
+    out = tmp_path / "verdict.json"
+    result = invoke("gate", "--baseline", baseline_file, "--current", bad, "--json", out)
+    assert result.exit_code == 1
+    verdict = json.loads(out.read_text())
+    assert verdict["ok"] is False and verdict["failures"] == 1 and verdict["current"] == str(bad)
+    failed = [c for c in verdict["checks"] if c["status"] == "FAIL"]
+    assert failed[0]["where"] == key and failed[0]["rule"].startswith("audio_throughput")
+    assert failed[0]["current"] < 0.95 * failed[0]["baseline"]
+    assert len(verdict["checks"]) == sum(1 for line in result.output.splitlines() if "│" in line and "rule" not in line)
+
+
 def test_custom_rules_with_filters_and_rate_levels(tmp_path):
     base = make_run(tmp_path / "base", levels=("r1", "r2.5", "rinf"), n_per_level=10)
     slower = make_run(tmp_path / "slower", levels=("r1", "r2.5", "rinf"), n_per_level=10, speed=1.5)

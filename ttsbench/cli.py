@@ -268,10 +268,13 @@ def gate(
     baseline_path: Path = typer.Option(..., "--baseline", help="A baseline JSON (`ttsbench baseline`) or a run directory."),
     current: Path = typer.Option(..., "--current", help="The run directory to judge."),
     rules: Optional[Path] = typer.Option(None, help="TOML rules file (default: the packaged rules; see `ttsbench gate --show-rules`)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the verdict, every check with its values, to this JSON file."),
     show_rules: bool = typer.Option(False, "--show-rules", callback=_show_default_rules, is_eager=True,
                                     help="Print the default rules file and exit."),
 ) -> None:
     """Compare a run with a baseline under tolerances; exit 1 when a rule fails, 2 on unusable input."""
+    import json
+
     from rich.console import Console
 
     from ttsbench import gate as gates
@@ -284,6 +287,12 @@ def gate(
     except (RunDirError, gates.RulesError) as e:
         _fail(str(e), 2)
     gates.print_verdict(verdict, base, cur, loaded, Console(width=160))
+    if json_out is not None:
+        try:
+            json_out.write_text(json.dumps(gates.verdict_json(verdict, base, cur, loaded), indent=2) + "\n",
+                                encoding="utf-8")
+        except OSError as e:
+            _fail(f"cannot write {json_out}: {e}", 2)
     raise typer.Exit(0 if verdict.ok else 1)
 
 

@@ -278,6 +278,7 @@ def compare(base: Figures, cur: Figures, rules: Rules) -> Verdict:
         if _is_quality(rule.metric, base, cur):
             _quality_checks(rule, base, cur, missing_status, verdict)
             continue
+        before = len(verdict.checks)
         for key in sorted(set(base.rows) & set(cur.rows)):
             if not rule.applies(*key) or key[2] == rule.relative_to_level:
                 continue
@@ -293,7 +294,20 @@ def compare(base: Figures, cur: Figures, rules: Rules) -> Verdict:
             else:
                 verdict.checks.append(_check(rule, "/".join(key), base.rows[key].get(rule.metric),
                                              cur.rows[key].get(rule.metric)))
+        if len(verdict.checks) == before:   # e.g. levels = ["c16"] when c16 was not measured
+            scope = ", ".join(f"{k}={'/'.join(v)}" for k, v in (("tasks", rule.tasks), ("sets", rule.sets),
+                                                               ("levels", rule.levels)) if v) or "all"
+            verdict.checks.append(Check(rule.describe(), scope, None, None, "", missing_status,
+                                        "checked nothing: no level measured on both sides matches"))
     return verdict
+
+
+def verdict_json(verdict: Verdict, base: Figures, cur: Figures, rules: Rules) -> dict:
+    """The verdict for machines (CI dashboards, bots): every check with its values and status."""
+    return {"ok": verdict.ok, "failures": verdict.failures, "baseline": base.path, "current": cur.path,
+            "rules": rules.source, "missing_levels": rules.missing_levels, "notes": verdict.notes,
+            "checks": [{"rule": c.what, "where": c.where, "baseline": c.baseline, "current": c.current,
+                        "limit": c.limit, "status": c.status, "note": c.note} for c in verdict.checks]}
 
 
 _IRRELEVANT_OPTIONS = {"label", "save_audio", "datasets", "out", "resume"}

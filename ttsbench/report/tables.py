@@ -139,7 +139,10 @@ def flagged_table(runs: list[Run], limit: int = 25) -> str | None:
             records.append({"run": escape(run.label), "clip": f"… {len(flagged) - limit} more"})
     if not records:
         return None
-    return pd.DataFrame(records).fillna("").to_html(escape=False, index=False, classes="list-table", border=0)
+    df = pd.DataFrame(records).fillna("")
+    if len(runs) == 1:
+        df = df.drop(columns="run")
+    return df.to_html(escape=False, index=False, classes="list-table", border=0)
 
 
 def errors_tables(runs: list[Run], examples: int = 3) -> tuple[str | None, str | None]:
