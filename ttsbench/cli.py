@@ -319,6 +319,10 @@ def serve(
     voices_dir: Optional[Path] = typer.Option(None, help="Where uploaded voices are stored (default: ~/.cache/ttsbench/voices/<model>)."),
     served_model_name: Optional[str] = typer.Option(None, help="Model id listed at /v1/models (default: --model as given)."),
     enforce_eager: bool = typer.Option(False, help="Never capture CUDA graphs (always true on CPU)."),
+    compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the transformer layers before graph capture (default: on when graphs are captured)."),
+    max_graph_batch: int = typer.Option(128, min=1, help="Largest batch bucket with captured CUDA graphs; bigger steps run eagerly."),
+    ignore_eos: bool = typer.Option(False, help="Benchmark mode for random weights: never stop at end-of-speech; each request stops at --length-policy."),
+    length_policy: str = typer.Option("text", help="With --ignore-eos: text (frames for the input's spoken length: 15 chars/s, CJK 4.5 chars/s, capped by max_new_tokens) or max-new-tokens."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
     """Run the reference Qwen3-TTS server (OpenAI- and vllm-omni-compatible /v1/audio/speech)."""
@@ -334,7 +338,8 @@ def serve(
         max_batch_size=max_batch_size, max_queue=max_queue, kv_cache_gb=kv_cache_gb, max_model_len=max_model_len,
         chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames, left_context_frames=left_context_frames,
         host=host, port=port, api_key=api_key, voices_dir=voices_dir, served_model_name=served_model_name,
-        enforce_eager=enforce_eager)
+        enforce_eager=enforce_eager, compile=compile_, max_graph_batch=max_graph_batch, ignore_eos=ignore_eos,
+        length_policy=length_policy)
     try:
         serve_forever(options)
     except ValueError as e:  # bad option values, unknown model, offline without a cached checkpoint
@@ -370,13 +375,16 @@ def _print_quality(rows: list) -> None:
     table = Table(title="quality (figures with the number of clips behind them)")
     for column in ("task", "set", "clips", "WER mean", "WER corpus", "SIM", "SIM kind", "flagged", "flags"):
         table.add_column(column, justify="left" if column in ("task", "set", "SIM kind", "flags") else "right",
-                         overflow="fold", no_wrap=column != "flags")
+                         overflow="fold")
     for r in rows:
         flags = ", ".join(f"{k} {v}" for k, v in r["flag_counts"].items()) or "-"
         table.add_row(r["task"], r["set"], str(r["n_clips"]), fmt(r["wer_mean"], r["wer_n"]),
                       fmt(r["wer_corpus"]), fmt(r["sim_mean"], r["sim_n"]), r["sim_kind"] or "-",
                       fmt(r["flagged_share"], r["flagged_n"], pct=True), flags)
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal and console.width < 140:  # a pipe or log file: do not squeeze columns
+        console = Console(width=140)
+    console.print(table)
 
 
 def _quality_argv(run_dir: Path, quality_args: str) -> list:

@@ -34,6 +34,10 @@ class ServeOptions:
     voices_dir: Path | None = None
     served_model_name: str | None = None
     enforce_eager: bool = False
+    compile: bool | None = None
+    max_graph_batch: int = 128
+    ignore_eos: bool = False
+    length_policy: str = "text"
 
 
 def build_server(options: ServeOptions) -> SpeechServer:
@@ -48,7 +52,8 @@ def build_server(options: ServeOptions) -> SpeechServer:
         max_batch_size=options.max_batch_size, max_queue=options.max_queue, kv_cache_gb=options.kv_cache_gb,
         max_model_len=options.max_model_len, chunk_frames=options.chunk_frames,
         first_chunk_frames=options.first_chunk_frames, left_context_frames=options.left_context_frames,
-        enforce_eager=options.enforce_eager)
+        enforce_eager=options.enforce_eager, compile=options.compile, max_graph_batch=options.max_graph_batch,
+        ignore_eos=options.ignore_eos, length_policy=options.length_policy)
     check_placement(config)  # a bad device or dtype fails here, before the server listens
     voices_dir = options.voices_dir or cache_root() / "voices" / _safe(name)
     names = tuple(dict.fromkeys((name, options.model, str(path), path.name)))

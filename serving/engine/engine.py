@@ -41,7 +41,11 @@ class EngineConfig:
     first_chunk_frames: int = 4
     left_context_frames: int = 72
     max_codec_batch: int = 16
-    enforce_eager: bool = False
+    enforce_eager: bool = False  # no CUDA graphs (a CPU never uses them)
+    compile: bool | None = None  # torch.compile the layers before capture; None: when graphs are captured
+    max_graph_batch: int = 128  # largest batch bucket with captured graphs; bigger steps run eagerly
+    ignore_eos: bool = False  # benchmark mode for random weights: stop by length_policy, never at eos
+    length_policy: str = "text"  # with ignore_eos: text (spoken length of the input) or max-new-tokens
 
     def __post_init__(self):
         for name in ("max_batch_size", "chunk_frames", "first_chunk_frames", "max_model_len", "max_codec_batch"):
@@ -51,6 +55,12 @@ class EngineConfig:
             raise ValueError("max_queue and left_context_frames must be >= 0")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError("load_format must be auto or dummy")
+        if self.max_graph_batch < 1:
+            raise ValueError("max_graph_batch must be at least 1")
+        from serving.engine.length_policy import POLICIES
+
+        if self.length_policy not in POLICIES:
+            raise ValueError(f"length_policy must be one of {', '.join(POLICIES)}")
 
 
 @dataclass(frozen=True)
@@ -221,23 +231,8 @@ class Engine:
                 await self._wake_talker.wait()
                 continue
             admitted = sched.admit()
-            for slot, stream in admitted:
-                stream.slot = slot
-                try:
-                    context, stream.max_frames = await loop.run_in_executor(
-                        self._talker_pool, self.runner.prefill, slot, stream.request)
-                except ValueError as exc:  # the prompt does not fit, or bad reference audio
-                    self._fail(stream, RequestFailed(str(exc), 400))
-                    continue
-                except Exception as exc:
-                    log.exception("prefill failed for %s", stream.request.request_id)
-                    self._fail(stream, RequestFailed(f"generation failed: {type(exc).__name__}"))
-                    continue
-                stream.codec = CodecStream(
-                    first_chunk_frames=stream.request.first_chunk_frames or self.config.first_chunk_frames,
-                    chunk_frames=self.config.chunk_frames, left_context_frames=self.config.left_context_frames,
-                    context_codes=context)
-                self._codec_streams.append(stream)
+            if admitted:
+                await self._prefill(admitted)
             self._drop_cancelled()
             rows = sched.running()
             if not rows:
@@ -264,6 +259,28 @@ class Engine:
                     stream.codec.finished = True
             self._wake_codec.set()
             await asyncio.sleep(0)  # let handlers run between steps
+
+    async def _prefill(self, admitted: list) -> None:
+        """Prefill every admitted request in one batched call, then hand each its codec stream."""
+        loop = asyncio.get_running_loop()
+        for slot, stream in admitted:
+            stream.slot = slot
+        try:
+            results = await loop.run_in_executor(self._talker_pool, self.runner.prefill_many,
+                                                 [(slot, stream.request) for slot, stream in admitted])
+        except Exception as exc:
+            log.exception("prefill failed for %d requests", len(admitted))
+            results = [RequestFailed(f"generation failed: {type(exc).__name__}")] * len(admitted)
+        for (slot, stream), result in zip(admitted, results):
+            if isinstance(result, Exception):  # the prompt does not fit, or bad reference audio
+                self._fail(stream, result if isinstance(result, RequestFailed) else RequestFailed(str(result), 400))
+                continue
+            context, stream.max_frames = result
+            stream.codec = CodecStream(
+                first_chunk_frames=stream.request.first_chunk_frames or self.config.first_chunk_frames,
+                chunk_frames=self.config.chunk_frames, left_context_frames=self.config.left_context_frames,
+                context_codes=context)
+            self._codec_streams.append(stream)
 
     def _drop_cancelled(self) -> None:
         for _, stream in self.scheduler.running():

@@ -116,8 +116,12 @@ def load_stages(config):
     num_slots = count_slots(config, model_cfg, talker_device, dtype)
     buckets = make_buckets(num_slots)
     prompts = PromptBuilder(path, model, model_cfg, GenerationDefaults.from_dir(path), encoder, talker_device)
+    graphs = talker_device.type == "cuda" and not config.enforce_eager
     runner = TalkerRunner(model, prompts, num_slots=num_slots, max_model_len=config.max_model_len,
-                          buckets=buckets, device=talker_device, dtype=dtype)
+                          buckets=buckets, device=talker_device, dtype=dtype, cuda_graphs=graphs,
+                          max_graph_batch=config.max_graph_batch,
+                          compile_layers=graphs if config.compile is None else config.compile,
+                          ignore_eos=config.ignore_eos, length_policy=config.length_policy)
     codec_runner = CodecRunner(decoder, codec_device, model_cfg.talker.num_code_groups)
     task_type = TASK_TYPES[model_cfg.tts_model_type]
     info = EngineInfo(

@@ -26,8 +26,14 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 def exponential_noise(seed_b: torch.Tensor, frame_b: torch.Tensor, group: int, vocab: int) -> torch.Tensor:
     """Exp(1) draws [B, vocab] (float32) for codebook `group` of frame `frame_b` [B] of requests `seed_b` [B]."""
     ids = torch.arange(vocab, device=seed_b.device, dtype=torch.int64)
+    return exponential_noise_at(seed_b, frame_b, group, ids[None, :])
+
+
+def exponential_noise_at(seed_b: torch.Tensor, frame_b: torch.Tensor, group: int, ids: torch.Tensor) -> torch.Tensor:
+    """The draws of exponential_noise at token ids [B, K] (or [1, K]) only: the same value for the same id, so a
+    sampler that looks at a few candidate tokens draws exactly what the full-vocabulary one would."""
     h = _mix32(seed_b & _MASK32) ^ _mix32((seed_b >> 32) + 0x9E3779B9)
     h = _mix32(h ^ _mix32(frame_b * 64 + group))
-    bits = _mix32(h[:, None] ^ _mix32(ids[None, :] + 0x632BE5AB))
+    bits = _mix32(h[:, None] ^ _mix32(ids + 0x632BE5AB))
     uniform = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)  # 24 bits in (0, 1)
     return -torch.log(uniform)

@@ -3,7 +3,10 @@
 All per-request state lives in preallocated tensors indexed by slot (KV cache, positions, last hidden state,
 code-0 history for the repetition penalty, trailing text, sampling parameters, seeds), so a decode step over
 the first `bucket` slots has fixed shapes and no host synchronisation until its codes are read back: the
-same function is captured as one CUDA graph per bucket on a GPU and runs eagerly on a CPU.
+same function is captured as one CUDA graph per (batch bucket, KV-length bucket) on a GPU (cuda_graphs.py)
+and runs eagerly on a CPU, beyond the largest graph, and for sampling options the graph's sampler does not take.
+New requests are prefilled together in one forward pass per admission (bounded by a token budget), so a burst
+of arrivals stalls the running streams for one batched pass instead of one pass per request.
 """
 
 from __future__ import annotations
@@ -12,10 +15,15 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+from serving.engine.cuda_graphs import FrameGraphs, make_kv_buckets, smallest_cover
+from serving.engine.length_policy import frame_limit
 from serving.engine.request import GenerationRequest
 from serving.engine.rng import exponential_noise
-from serving.model.layers import attention_mask
+from serving.engine.topk_sampling import eligible, sample_top_candidates
+from serving.model.layers import KVCache, attention_mask
 from serving.model.sampler import SamplingParams, mask_code0, penalize_repeats, sample
+
+PREFILL_TOKEN_BUDGET = 8192  # prompt positions per batched prefill pass (bounds the stall and its memory)
 
 
 class _CacheView:
@@ -35,7 +43,9 @@ def _rows(params: SamplingParams, n: int) -> SamplingParams:
 
 class TalkerRunner:
     def __init__(self, model, prompts, *, num_slots: int, max_model_len: int, buckets: tuple[int, ...],
-                 device: torch.device, dtype: torch.dtype, voice_cache_size: int = 64):
+                 device: torch.device, dtype: torch.dtype, voice_cache_size: int = 64, cuda_graphs: bool = False,
+                 max_graph_batch: int = 128, compile_layers: bool = False, ignore_eos: bool = False,
+                 length_policy: str = "text"):
         self.model = model  # serving.model.model.Qwen3TTSModel
         self.talker = model.talker
         self.prompts = prompts  # serving.engine.prompts.PromptBuilder
@@ -50,8 +60,6 @@ class TalkerRunner:
         self.vocab = tc.vocab_size
         self.cp_vocab = cfg.code_predictor.vocab_size
         self.eos_id = cfg.codec_eos_token_id
-        from serving.model.layers import KVCache
-
         self.kv = KVCache.for_stack(tc, num_slots, max_model_len, dtype, device)
         self.cp_kv = self.talker.code_predictor.new_cache(num_slots, dtype, device)
         s, h = num_slots, tc.hidden_size
@@ -69,37 +77,116 @@ class TalkerRunner:
         self.cp_params = SamplingParams.build(s, device, True, 0.9, 50, 1.0)
         self.suppress = torch.zeros(self.vocab, dtype=torch.bool, device=device)
         self.suppress[list(cfg.suppressed_code0_ids)] = True
-        self.suppress[self.eos_id] = False
+        self.suppress[self.eos_id] = ignore_eos  # ignoring eos: never sample it (it is no codec code)
+        self.ignore_eos = ignore_eos
+        self.length_policy = length_policy
+        frame_limit(length_policy, "", 1)  # an unknown policy fails at start-up
+        self.candidate_ok = [True] * s  # host mirror: slot's sampling fits topk_sampling (empty slots do)
+        self.kv_buckets = make_kv_buckets(max_model_len)
+        if cuda_graphs and device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.graph_buckets = tuple(b for b in buckets if b <= max_graph_batch) if cuda_graphs else ()
+        self.graphs = FrameGraphs(lambda b, kv: self._step(b, kv, True), device) if cuda_graphs else None
+        self.compile_layers = compile_layers
+        if compile_layers:
+            self._compile()
         self.pad_embed = self.prompts.tts_pad_embed().to(device=device, dtype=dtype)  # [H]
         self.lengths = [0] * s  # host mirror of self.pos: how far each slot's keys reach, without a sync
         self._voice_cache: OrderedDict[str, tuple] = OrderedDict()
         self._voice_cache_size = voice_cache_size
 
+    def _compile(self) -> None:
+        """torch.compile every decoder layer in place (names unchanged) and the candidate sampler: fused
+        elementwise kernels (norms, RoPE, SwiGLU, sampling) before graph capture, which keeps kernels, not gaps."""
+        import torch._dynamo
+
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        for layer in list(self.talker.model.layers) + list(self.talker.code_predictor.model.layers):
+            layer.compile(dynamic=True)
+        self._sample_candidates = torch.compile(sample_top_candidates, dynamic=True)
+
+    _sample_candidates = staticmethod(sample_top_candidates)
+
     def describe(self) -> dict:
         return {"num_slots": self.num_slots, "buckets": list(self.buckets), "device": str(self.device),
-                "dtype": str(self.dtype).removeprefix("torch."), "kv_cache_bytes": self.kv_bytes()}
+                "dtype": str(self.dtype).removeprefix("torch."), "kv_cache_bytes": self.kv_bytes(),
+                "graph_buckets": list(self.graph_buckets), "kv_buckets": list(self.kv_buckets),
+                "graphs_captured": len(self.graphs.graphs) if self.graphs else 0,
+                "graph_memory_bytes": self.graphs.memory_bytes if self.graphs else 0,
+                "compiled_layers": self.compile_layers, "ignore_eos": self.ignore_eos,
+                "length_policy": self.length_policy if self.ignore_eos else None}
 
     def kv_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.kv.k, self.kv.v, self.trailing))
 
     # --- prefill -----------------------------------------------------------------------------------------
-    @torch.inference_mode()
     def prefill(self, slot: int, request: GenerationRequest) -> tuple[np.ndarray, int]:
-        """Run the request's prompt into `slot`. Returns (reference codes as codec left context, frame limit).
-        Raises ValueError when the prompt leaves no room in the slot."""
-        prompt, ref_codes = self.prompts.build(request, self._voice_cache_lookup)
+        """Run one request's prompt into `slot` (see prefill_many); raises its ValueError."""
+        result = self.prefill_many([(slot, request)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    @torch.inference_mode()
+    def prefill_many(self, items: list[tuple[int, GenerationRequest]]) -> list:
+        """Run the prompts of new requests into their slots, batched (right-padded, causal: a row never sees
+        its padding). One result per item: (reference codes as codec left context, frame limit), or the
+        ValueError that makes the request unservable (prompt too long, bad reference audio)."""
+        results: list = [None] * len(items)
+        built = []
+        for i, (slot, request) in enumerate(items):
+            try:
+                prompt, ref_codes = self.prompts.build(request, self._voice_cache_lookup)
+                length = prompt.prefill.shape[0]
+                room = self.max_model_len - length
+                if room < 1:
+                    raise ValueError(f"the prompt takes {length} positions, more than --max-model-len "
+                                     f"{self.max_model_len} allows; shorten the input or the reference")
+                if prompt.trailing.shape[0] > self.max_model_len:
+                    raise ValueError("the input text is longer than --max-model-len allows")
+            except ValueError as exc:
+                results[i] = exc
+                continue
+            limit = min(request.max_new_tokens, room)
+            if self.ignore_eos:
+                limit = frame_limit(self.length_policy, request.text, limit)
+            results[i] = (ref_codes, limit)
+            built.append((slot, request, prompt))
+        group, tokens = [], 0
+        for entry in built:
+            length = entry[2].prefill.shape[0]
+            if group and (tokens + length > PREFILL_TOKEN_BUDGET):
+                self._prefill_group(group)
+                group, tokens = [], 0
+            group.append(entry)
+            tokens += length
+        if group:
+            self._prefill_group(group)
+        return results
+
+    def _prefill_group(self, group: list) -> None:
+        lengths = [prompt.prefill.shape[0] for _, _, prompt in group]
+        n, longest = len(group), max(lengths)
+        x = torch.zeros(n, longest, self.talker.cfg.transformer.hidden_size, dtype=self.dtype, device=self.device)
+        for i, (_, _, prompt) in enumerate(group):
+            x[i, : lengths[i]] = prompt.prefill.to(device=self.device, dtype=self.dtype)
+        positions = torch.arange(longest, device=self.device).expand(n, longest)
+        if n == 1:  # straight into the slot's cache rows
+            slot = group[0][0]
+            cache = _CacheView(self.kv.k[:, slot:slot + 1], self.kv.v[:, slot:slot + 1])
+        else:
+            cache = KVCache.for_stack(self.talker.cfg.transformer, n, longest, self.dtype, self.device)
+        out = self.talker.model(x, positions, cache, positions, kv_len=longest, mask=None)
+        for i, (slot, request, prompt) in enumerate(group):
+            length = lengths[i]
+            if n > 1:
+                self.kv.k[:, slot, :, :length] = cache.k[:, i, :, :length]
+                self.kv.v[:, slot, :, :length] = cache.v[:, i, :, :length]
+            self._init_slot(slot, request, prompt, out[i, length - 1])
+
+    def _init_slot(self, slot: int, request: GenerationRequest, prompt, hidden: torch.Tensor) -> None:
         length = prompt.prefill.shape[0]
-        room = self.max_model_len - length
-        if room < 1:
-            raise ValueError(f"the prompt takes {length} positions, more than --max-model-len "
-                             f"{self.max_model_len} allows; shorten the input or the reference")
-        if prompt.trailing.shape[0] > self.max_model_len:
-            raise ValueError("the input text is longer than --max-model-len allows")
-        x = prompt.prefill.to(device=self.device, dtype=self.dtype)[None]
-        positions = torch.arange(length, device=self.device)[None]
-        view = _CacheView(self.kv.k[:, slot:slot + 1], self.kv.v[:, slot:slot + 1])
-        out = self.talker.model(x, positions, view, positions, kv_len=length, mask=None)
-        self.hidden[slot] = out[0, -1]
+        self.hidden[slot] = hidden
         self.pos[slot] = length
         self.lengths[slot] = length
         self.active[slot] = 1
@@ -112,16 +199,14 @@ class TalkerRunner:
         sp = request.sampling
         self.seed[slot] = sp.seed
         self.rep_penalty[slot] = sp.repetition_penalty
-        for params, (do_sample, temp, top_k, top_p) in (
-            (self.talker_params, (sp.do_sample, sp.temperature, sp.top_k, sp.top_p)),
-            (self.cp_params, (sp.subtalker_do_sample, sp.subtalker_temperature, sp.subtalker_top_k,
-                              sp.subtalker_top_p)),
-        ):
+        talker = (sp.do_sample, sp.temperature, sp.top_k, sp.top_p)
+        sub = (sp.subtalker_do_sample, sp.subtalker_temperature, sp.subtalker_top_k, sp.subtalker_top_p)
+        for params, (do_sample, temp, top_k, top_p) in ((self.talker_params, talker), (self.cp_params, sub)):
             params.do_sample[slot] = do_sample
             params.temperature[slot] = temp
             params.top_k[slot] = top_k
             params.top_p[slot] = top_p
-        return ref_codes, min(request.max_new_tokens, room)
+        self.candidate_ok[slot] = eligible(*talker[:1], *talker[2:]) and eligible(*sub[:1], *sub[2:])
 
     def _voice_cache_lookup(self, key: str | None, compute):
         """Speaker embedding and reference codes of uploaded voices are computed once per voice."""
@@ -137,6 +222,7 @@ class TalkerRunner:
         return value
 
     def release(self, slot: int) -> None:
+        self.candidate_ok[slot] = True
         self.active[slot] = 0
         self.pos[slot] = 0
         self.lengths[slot] = 0
@@ -144,29 +230,41 @@ class TalkerRunner:
     # --- decode ------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def decode_step(self, bucket: int) -> tuple[np.ndarray, np.ndarray]:
-        """One frame for slots [0, bucket): (codes [bucket, Q] int64, ended [bucket] bool: end of speech)."""
-        kv_len = max(self.lengths[:bucket]) + 1
-        codes, ended = self._step(bucket, kv_len)
+        """One frame for slots [0, bucket): (codes [bucket, Q] int64, ended [bucket] bool: end of speech).
+        Replays the captured graph of (bucket, KV bucket) when there is one, else runs the step eagerly."""
+        codes, ended = self.step_tensors(bucket)
         for i in range(bucket):
             if self.lengths[i]:
                 self.lengths[i] += 1
         return codes.cpu().numpy(), ended.cpu().numpy()
 
-    def _step(self, b: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fixed-shape frame: sample code 0, run the code predictor, feed the frame back to the talker."""
+    def step_tensors(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The frame on the device, by the path decode_step takes (no host bookkeeping; benchmarks time this)."""
+        kv_len = max(self.lengths[:bucket]) + 1
+        candidates = all(self.candidate_ok[:bucket])
+        kv_bucket = smallest_cover(kv_len, self.kv_buckets)
+        if candidates and self.graphs is not None and self.graphs.covers(bucket, kv_bucket):
+            return self.graphs.replay(bucket, kv_bucket)
+        return self._step(bucket, kv_len, candidates)
+
+    def _draw(self, logits: torch.Tensor, params: SamplingParams, b: int, group: int, candidates: bool) -> torch.Tensor:
+        seed, frame = self.seed[:b], self.generated[:b]
+        if candidates:
+            return self._sample_candidates(logits, _rows(params, b), seed, frame, group)
+        return sample(logits, _rows(params, b), noise=exponential_noise(seed, frame, group, logits.shape[-1]))
+
+    def _step(self, b: int, kv_len: int, candidates: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fixed-shape frame: sample code 0, run the code predictor, feed the frame back to the talker.
+        Attends over cache positions [0, kv_len) with a mask, so any kv_len >= the longest row's gives the
+        same frame (graphs use a KV bucket). `candidates`: every row's sampling fits topk_sampling."""
         talker = self.talker
         hidden = self.hidden[:b]
         frame = self.generated[:b]
-        seed = self.seed[:b]
         logits = talker.codec_logits(hidden)
         logits = penalize_repeats(logits, self.seen[:b], self.rep_penalty[:b])
         logits = mask_code0(logits, frame, self.eos_id, self.suppress)
-        code0 = sample(logits, _rows(self.talker_params, b), noise=exponential_noise(seed, frame, 0, self.vocab))
-        noise = torch.stack([exponential_noise(seed, frame, g, self.cp_vocab) for g in range(1, self.num_groups)],
-                            dim=1)
-        cp_view = _CacheView(self.cp_kv.k[:, :b], self.cp_kv.v[:, :b])
-        rest = talker.code_predictor(hidden, talker.embed_codec(code0), cp_view, _rows(self.cp_params, b),
-                                     noise=noise)
+        code0 = self._draw(logits, self.talker_params, b, 0, candidates)
+        rest = self._code_predictor(hidden, code0, b, candidates)
         codes = torch.cat([code0[:, None], rest], dim=1)
         self.seen[:b].scatter_(1, code0[:, None], True)
         self.generated[:b] += 1
@@ -184,11 +282,36 @@ class TalkerRunner:
         self.pos[:b] += self.active[:b]
         return codes, code0 == self.eos_id
 
+    def _code_predictor(self, hidden: torch.Tensor, code0: torch.Tensor, b: int, candidates: bool) -> torch.Tensor:
+        """Codes 1..G-1 [b, G-1]: CodePredictor.forward's passes, drawing each code with the step's sampler."""
+        cp = self.talker.code_predictor
+        project = cp.small_to_mtp_projection if cp.small_to_mtp_projection is not None else (lambda t: t)
+        cache = _CacheView(self.cp_kv.k[:, :b], self.cp_kv.v[:, :b])
+        x = project(torch.stack((hidden, self.talker.embed_codec(code0)), dim=1))
+        positions = torch.arange(2, device=self.device).expand(b, 2)
+        out = cp.model(x, positions, cache, positions, kv_len=2, mask=None)
+        codes = []
+        for j in range(1, self.num_groups):
+            logits = cp.lm_head[j - 1](out[:, -1]).float()
+            code = self._draw(logits, self.cp_params, b, j, candidates)
+            codes.append(code)
+            if j == self.num_groups - 1:
+                break
+            x = project(cp.model.codec_embedding[j - 1](code)[:, None])
+            pos = torch.full((b, 1), j + 1, dtype=torch.int64, device=self.device)
+            out = cp.model(x, pos, cache, pos, kv_len=j + 2, mask=None)
+        return torch.stack(codes, dim=1)
+
     def warmup(self) -> None:
-        """Run every bucket's step once on empty slots (allocations, kernel selection; graphs on GPU later)."""
+        """Run every bucket's step once on empty slots (allocations, kernel selection, compilation), and capture
+        the graphs of every (graph bucket, KV bucket); then clear the slots' state the passes touched."""
         with torch.inference_mode():
             for b in self.buckets:
-                self._step(b, 1)
+                self._step(b, 1, True)
+            if self.graphs is not None:
+                for b in self.graph_buckets:
+                    for kv in self.kv_buckets:
+                        self.graphs.capture(b, kv)
             self.hidden.zero_()
             self.generated.zero_()
             self.seen.zero_()

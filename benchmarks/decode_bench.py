@@ -1,0 +1,163 @@
+"""Per-frame decode time of the talker stage by batch size, eager vs CUDA graphs vs compiled layers + graphs,
+against the HBM floor (weights read once per frame, plus each row's KV cache), on one GPU.
+
+    python benchmarks/decode_bench.py --model DIR [--batches 1,8,32,64,128] [--variants eager,graph,compile]
+        [--context 120] [--steps 30] [--json OUT.json] [--profile OUT.txt]
+
+DIR is a checkpoint directory (random weights are used: --load-format dummy, so only its configs are read).
+A frame here is what the engine's decode_step does: code 0 + 15 code-predictor passes + 16 draws + the next
+talker step, with the codes read back to the host (the real critical path). The floor counts the bytes a
+frame must read: talker + code-predictor weights once (15 code-predictor passes each re-read its layers,
+which do not fit in L2), plus each row's KV cache up to --context; over the copy bandwidth measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+
+def copy_bandwidth(device, gib: float = 1.0) -> float:
+    """Bytes read + written per second by a large device-to-device copy (median of 20)."""
+    n = int(gib * 1024**3) // 2
+    src = torch.randn(n, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(25):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * src.numel() * 2 / statistics.median(times[5:])
+
+
+def frame_bytes(runner, batch: int, context: int) -> int:
+    """Weights a frame reads (talker layers + head, code predictor layers x 15 passes + its heads) + KV."""
+    talker = runner.talker
+
+    def nbytes(module):
+        return sum(p.numel() * p.element_size() for p in module.parameters())
+
+    cp = talker.code_predictor
+    passes = runner.num_groups - 1
+    weights = nbytes(talker.model.layers) + nbytes(talker.codec_head) + passes * nbytes(cp.model.layers)
+    weights += nbytes(cp.lm_head)  # each head once
+    kv_per_token = runner.kv.k[:, 0, :, 0].numel() * runner.kv.k.element_size() * 2
+    return weights + batch * context * kv_per_token
+
+
+def fill(runner, batch: int, text: str) -> None:
+    from serving.engine.request import GenerationRequest, SamplingParams
+
+    for slot in range(runner.num_slots):
+        if runner.lengths[slot]:
+            runner.release(slot)
+    reqs = [(i, GenerationRequest(task="CustomVoice", text=text, speaker="vivian", max_new_tokens=2000,
+                                  sampling=SamplingParams(seed=i))) for i in range(batch)]
+    for result in runner.prefill_many(reqs):
+        if isinstance(result, Exception):
+            raise result
+
+
+def time_steps(runner, batch: int, steps: int) -> float:
+    for _ in range(3):
+        runner.decode_step(batch)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        runner.decode_step(batch)  # ends with the codes on the host: synchronised
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def profile_step(runner, batch: int, path: str) -> None:
+    """Kernel time by kernel name for one eager step (graphs hide their kernels from the profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    runner.step_tensors(batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            runner._step(batch, max(runner.lengths[:batch]) + 1, True)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
+    with open(path, "a") as f:
+        f.write(f"\n=== batch {batch}: 3 eager steps ===\n{table}\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--batches", default="1,8,32,64,128")
+    ap.add_argument("--variants", default="eager,graph,compile")
+    ap.add_argument("--context", type=int, default=120, help="prompt positions per row before timing")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--json")
+    ap.add_argument("--profile", help="append per-kernel profiles of eager steps to this file")
+    args = ap.parse_args()
+
+    from serving.engine.cuda_graphs import FrameGraphs
+    from serving.engine.engine import EngineConfig
+    from serving.engine.loader import load_stages
+
+    batches = [int(b) for b in args.batches.split(",")]
+    device = torch.device("cuda")
+    bandwidth = copy_bandwidth(device)
+    print(f"device {torch.cuda.get_device_name()}; torch {torch.__version__}; copy bandwidth "
+          f"{bandwidth / 1e12:.2f} TB/s (read + write)", flush=True)
+    config = EngineConfig(model=args.model, load_format="dummy", max_batch_size=max(batches),
+                          max_model_len=args.max_model_len, enforce_eager=True, compile=False)
+    runner, _codec, _info = load_stages(config)
+    runner.warmup()
+    text = "word " * max(1, (args.context - 20))  # ~1 prompt position per word plus the fixed tags
+    rows, results = [], {}
+    for variant in args.variants.split(","):
+        t0 = time.perf_counter()
+        if variant == "compile" and not runner.compile_layers:
+            runner._compile()
+            runner.compile_layers = True
+        if variant in ("graph", "compile"):
+            runner.graphs = FrameGraphs(lambda b, kv: runner._step(b, kv, True), device)
+            runner.graph_buckets = tuple(batches)
+            fill(runner, 0, text)
+            runner._step(1, 1, True)
+            for b in batches:
+                for kv in runner.kv_buckets[:3]:
+                    runner.graphs.capture(b, kv)
+            fill(runner, 0, text)
+        setup = time.perf_counter() - t0
+        for b in batches:
+            fill(runner, b, text)
+            context = max(runner.lengths[:b])
+            ms = time_steps(runner, b, args.steps)
+            floor = frame_bytes(runner, b, context) / bandwidth * 1e3
+            results[(variant, b)] = ms
+            rows.append({"variant": variant, "batch": b, "context": context, "ms_per_frame": round(ms, 3),
+                         "floor_ms": round(floor, 3), "x_floor": round(ms / floor, 2),
+                         "frames_per_s": round(b / ms * 1e3, 1), "x_realtime_per_stream": round(1e3 / ms / 12.5, 2),
+                         "setup_s": round(setup, 1)})
+            print(json.dumps(rows[-1]), flush=True)
+        if args.profile and variant in ("eager", "compile"):
+            for b in (batches[0], batches[-1]):
+                fill(runner, b, text)
+                profile_step(runner, b, args.profile)
+    print("\nvariant  batch  ms/frame  floor_ms  x_floor  frames/s  x_realtime/stream")
+    for r in rows:
+        print(f"{r['variant']:8s} {r['batch']:5d} {r['ms_per_frame']:9.2f} {r['floor_ms']:9.2f} {r['x_floor']:8.1f} "
+              f"{r['frames_per_s']:9.0f} {r['x_realtime_per_stream']:10.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "copy_bandwidth_Bps": bandwidth, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

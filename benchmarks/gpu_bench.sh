@@ -1,0 +1,129 @@
+#!/bin/bash
+# The side-by-side GPU benchmark of the reference stack, in one invocation on one GPU (docs/performance.md).
+#
+#   bash benchmarks/gpu_bench.sh [stages]        default stages: env decode serve peers table
+#
+#   env     versions, GPU, which of our dependencies import
+#   decode  benchmarks/decode_bench.py: ms per frame by batch size (eager / graphs / compiled + graphs) vs the
+#           HBM floor, and per-kernel profiles of eager steps
+#   serve   `ttsbench serve` on a random checkpoint written by serving/model/checkpoint.py (--ignore-eos, text
+#           length policy), `ttsbench run` against it over loopback: CustomVoice (custom) and voice clone
+#           (Base checkpoint, clone), short and long sets, at each of LEVELS
+#   peers   the official qwen-tts and faster-qwen3-tts on the same GPU, batch 1 (.peer-bench/run_device.sh:
+#           a local copy of the shared peer-bench recipe with its wheels, git-ignored, never committed)
+#   table   benchmarks/gpu_table.py: one table of everything above
+#
+# Knobs (environment): OUT (results; default /tmp/gpu_bench), SIZE (0.6B | 1.7B), LEVELS (1,8,32,64,128),
+# TASKS (custom clone), SETS (short long), SERVE_ARGS (extra `ttsbench serve` options), DECODE_ARGS,
+# PEER_STAGES (fastB official), WHEELS (folder of wheels to install first; default .peer-bench/whl/common).
+# Raw runs: $OUT/runs.tgz (run directories without audio), $OUT/decode.json, $OUT/*.log.
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-/tmp/gpu_bench}; mkdir -p "$OUT"
+SIZE=${SIZE:-0.6B}
+LEVELS=${LEVELS:-1,8,32,64,128}
+TASKS=${TASKS:-custom clone}
+SETS=${SETS:-short long}
+STAGES=${*:-env decode serve peers table}
+WORK=/tmp/gpu_bench_work; mkdir -p "$WORK/runs"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+T0=$(date +%s)
+say() { echo "=== $* ($(( $(date +%s) - T0 ))s)"; }
+
+WHEELS=${WHEELS:-.peer-bench/whl/common}
+if [ -d "$WHEELS" ] && [ ! -d /tmp/site_ours ]; then  # soundfile, soxr (+ cffi, pycparser) are not in the image
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site_ours \
+    "$WHEELS"/soundfile-*.whl "$WHEELS"/soxr-*.whl "$WHEELS"/cffi-*.whl "$WHEELS"/pycparser-*.whl 2>&1 | tail -2
+fi
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}:/tmp/site_ours
+ttsbench() { python3 -c 'import sys; from ttsbench.cli import app; sys.argv[0] = "ttsbench"; app()' "$@"; }
+
+checkpoint() {  # checkpoint TYPE -> directory of a random SIZE checkpoint (written once)
+  local dir=$WORK/ckpt-$SIZE-$1
+  [ -f "$dir/config.json" ] || python3 -m serving.model.checkpoint "$dir" --size "$SIZE" --type "$1" >&2
+  echo "$dir"
+}
+
+for stage in $STAGES; do
+  case $stage in
+  env)
+    say env
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+    python3 - <<'EOF' 2>&1 | tee "$OUT/env.txt"
+import importlib, platform, torch
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
+      "gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+for name in ("aiohttp", "typer", "rich", "pandas", "numpy", "soundfile", "soxr", "prometheus_client",
+             "transformers", "safetensors", "triton"):
+    try:
+        mod = importlib.import_module(name)
+        print(f"  {name} {getattr(mod, '__version__', '?')}")
+    except Exception as exc:
+        print(f"  {name} MISSING ({type(exc).__name__}: {exc})")
+EOF
+    ;;
+  decode)
+    say decode
+    python3 benchmarks/decode_bench.py --model "$(checkpoint custom_voice)" --json "$OUT/decode.json" \
+      --profile "$OUT/profile.txt" ${DECODE_ARGS:-} 2>&1 | grep -v "^W[0-9]" | tee "$OUT/decode.log"
+    ;;
+  serve)
+    for task in $TASKS; do
+      case $task in custom) type=custom_voice;; clone) type=base;; *) echo "unknown task $task"; continue;; esac
+      ck=$(checkpoint $type)
+      say "serve $task ($SIZE)"
+      ttsbench serve --model "$ck" --load-format dummy --ignore-eos --max-batch-size 128 --max-queue 512 \
+        --max-model-len 1024 --port 8091 --log-level warning ${SERVE_ARGS:-} > "$OUT/serve-$task.log" 2>&1 &
+      pid=$!
+      for _ in $(seq 600); do
+        curl -sf localhost:8091/health >/dev/null 2>&1 && break
+        kill -0 $pid 2>/dev/null || break
+        sleep 1
+      done
+      say "server up ($task)"
+      curl -s localhost:8091/health; echo
+      for set_ in $SETS; do
+        for c in ${LEVELS//,/ }; do
+          n=$(( c < 4 ? 4 : (set_ == "long" ? c : 2 * c) ))
+          [ "$set_" = long ] && [ "$c" -lt 4 ] && n=2
+          ttsbench run --url http://127.0.0.1:8091 --task $task --set $set_ --concurrency $c --num-requests $n \
+            --warmup 1 --no-save-audio --timeout 240 --out "$WORK/runs/$task-$set_-c$c" \
+            --label "$task-$set_-c$c" > "$OUT/run-last.log" 2>&1 || tail -5 "$OUT/run-last.log"
+          python3 - "$WORK/runs/$task-$set_-c$c/summary.json" <<'EOF'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))["rows"][0]
+except Exception as exc:
+    sys.exit(f"  no summary: {exc}")
+print(f"  {r['task']:6s} {r['set']:5s} c={r['concurrency']:<3d} ok {r['completed']:3d} fail {r['failed']:2d} "
+      f"ttfab p50 {r['ttfab_ms_median']:7.1f} p95 {r['ttfab_ms_p95']:7.1f} ms  rtf p50 {r['rtf_median']:.3f}  "
+      f"audio/s {r['audio_throughput']:7.1f}  underrun p95 {r['underrun_s_p95']:.3f} s")
+EOF
+        done
+      done
+      curl -s localhost:8091/metrics | grep -v "^#" | grep -i "ttsbench\|serving\|frames" | head -20 > "$OUT/metrics-$task.txt"
+      kill $pid; wait $pid 2>/dev/null
+    done
+    tar -C "$WORK" -czf "$OUT/runs.tgz" runs
+    ;;
+  peers)
+    say peers
+    if [ -x .peer-bench/run_device.sh ] || [ -f .peer-bench/run_device.sh ]; then
+      BATCHES=${BATCHES:-1} BENCH_ARGS=${BENCH_ARGS:-"--frames 125 --chunks 8 --official-reps 1 --reps 2 --decode-reps 2"} \
+        LIM_FASTB=${LIM_FASTB:-150} LIM_OFFICIAL=${LIM_OFFICIAL:-150} OUT=$OUT/peers \
+        bash .peer-bench/run_device.sh ${PEER_STAGES:-fastB official} 2>&1 | tail -40
+      for f in "$OUT"/peers/*.json; do cp "$f" "$OUT/peer-$(basename "$f")"; done
+      rm -rf "$OUT/peers"
+    else
+      echo "no .peer-bench/ in the checkout: copy /work/shared/peer-bench there (see its README)"
+    fi
+    ;;
+  table)
+    say table
+    python3 benchmarks/gpu_table.py "$OUT" "$WORK/runs" | tee "$OUT/table.md"
+    ;;
+  *) echo "unknown stage $stage";;
+  esac
+done
+say done

@@ -1,0 +1,91 @@
+"""One markdown table of a benchmarks/gpu_bench.sh result folder: decode by batch, served load levels, peers.
+
+    python benchmarks/gpu_table.py OUT_DIR [RUNS_DIR]
+
+Reads OUT_DIR/decode.json, RUNS_DIR/*/summary.json (default OUT_DIR/runs) and OUT_DIR/peer-*.json. The floor
+of a served row is the decode floor at the nearest measured batch: frames per second the HBM allows at that
+batch (rows x copy bandwidth / bytes per frame), as audio seconds per second.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+FPS = 12.5
+
+
+def decode_rows(out: Path) -> list[dict]:
+    path = out / "decode.json"
+    return json.loads(path.read_text())["rows"] if path.exists() else []
+
+
+def floor_audio_per_s(decode: list[dict], concurrency: int) -> float | None:
+    """Audio seconds per second at the HBM floor for `concurrency` streams (nearest measured batch)."""
+    rows = [r for r in decode if r["variant"] == decode[0]["variant"]] if decode else []
+    if not rows:
+        return None
+    nearest = min(rows, key=lambda r: abs(r["batch"] - concurrency))
+    return concurrency * 1e3 / nearest["floor_ms"] / FPS
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    runs = Path(sys.argv[2]) if len(sys.argv) > 2 else out / "runs"
+    decode = decode_rows(out)
+    if decode:
+        print("## Decode: ms per frame (talker + 15 code-predictor passes + 16 draws, codes on the host)\n")
+        variants = list(dict.fromkeys(r["variant"] for r in decode))
+        print("| batch | context | " + " | ".join(f"{v} ms" for v in variants) + " | floor ms | best x floor | "
+              "best x real time per stream | best audio s/s |")
+        print("|---" * (len(variants) + 6) + "|")
+        for b in sorted({r["batch"] for r in decode}):
+            by = {r["variant"]: r for r in decode if r["batch"] == b}
+            best = min(by.values(), key=lambda r: r["ms_per_frame"])
+            print(f"| {b} | {best['context']} | " + " | ".join(f"{by[v]['ms_per_frame']:.2f}" if v in by else "-"
+                                                             for v in variants)
+                  + f" | {best['floor_ms']:.2f} | {best['x_floor']:.1f} | {best['x_realtime_per_stream']:.1f} | "
+                  f"{b * best['x_realtime_per_stream']:.0f} |")
+        print()
+    summaries = sorted(runs.glob("*/summary.json")) if runs.exists() else []
+    if summaries:
+        print("## Served (ttsbench run over loopback, streaming PCM)\n")
+        print("| task | set | c | ok | failed | TTFAB p50 ms | TTFAB p95 ms | RTF p50 | x real time per stream p50 | "
+              "audio s/s | floor audio s/s | underrun p95 s | E2E p50 ms |")
+        print("|---" * 13 + "|")
+        rows = []
+        for path in summaries:
+            for r in json.loads(path.read_text())["rows"]:
+                rows.append(r)
+        rows.sort(key=lambda r: (r["task"], r["set"], r["concurrency"] or 0))
+        for r in rows:
+            def f(key, fmt="{:.1f}"):
+                return fmt.format(r[key]) if r.get(key) is not None else "-"
+            rtf = r.get("rtf_median")
+            floor = floor_audio_per_s(decode, r["concurrency"] or 1)
+            print(f"| {r['task']} | {r['set']} | {r['concurrency']} | {r['completed']} | {r['failed']} | "
+                  f"{f('ttfab_ms_median')} | {f('ttfab_ms_p95')} | {f('rtf_median', '{:.3f}')} | "
+                  f"{(1 / rtf) if rtf else float('nan'):.1f} | {f('audio_throughput')} | "
+                  f"{floor if floor else float('nan'):.0f} | {f('underrun_s_p95', '{:.3f}')} | {f('e2e_ms_median', '{:.0f}')} |")
+        print()
+    peers = sorted(out.glob("peer-*.json"))
+    if peers:
+        print("## Peers, batch 1, same GPU (peer-bench recipe: 125 frames, 40 text tokens, random weights)\n")
+        print("| implementation | ms per frame | x real time (generate + decode) | first audio ms |")
+        print("|---|---|---|---|")
+        for path in peers:
+            d = json.loads(path.read_text())
+            if "fast" in d:
+                fast = d["fast"]
+                ttfa = fast.get("stream_chunk8", {}).get("ttfa_s", {}).get("median")
+                print(f"| faster-qwen3-tts {fast.get('version')} | {fast['ms_per_frame_step']:.1f} | "
+                      f"{fast['rtf_generate_plus_decode']:.2f} | {ttfa * 1e3 if ttfa else float('nan'):.0f} (chunk 8) |")
+            if "official" in d and "B1" in d["official"]:
+                b1 = d["official"]["B1"]
+                print(f"| official qwen-tts {d.get('qwen-tts')} | {b1['ms_per_frame_step']:.1f} | "
+                      f"{b1['rtf_generate_plus_decode']:.2f} | no streaming |")
+
+
+if __name__ == "__main__":
+    main()
