@@ -81,8 +81,8 @@ def measure(n: int, args, workdir: Path) -> dict:
         cpu0, wall0 = time.process_time(), time.perf_counter()
         runner.start_run(out, config, srv.url, None, ["benchmark"], Console(file=io.StringIO()))
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-        truth = {e["text"]: e for e in srv.log() if "text" in e}
-    records = RunDir.open(out).records()
+        records = RunDir.open(out).records()
+        truth = srv.entries([r["text"] for r in records if r["ok"]])
     chunk_err, ttfab_err, e2e_err = _errors(records, truth)
     failed = sum(not r["ok"] for r in records)
     return {

@@ -28,6 +28,7 @@ import json
 import struct
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -162,6 +163,16 @@ class Running:
         if not self.log_path.exists():
             return []
         return [json.loads(line) for line in self.log_path.read_text(encoding="utf-8").splitlines() if line]
+
+    def entries(self, texts, since: int = 0, timeout: float = 10.0) -> dict[str, dict]:
+        """The latest log entry of each text, waiting for the server to log them: it logs a request
+        just after its last byte, so a fast client may look before the line is there."""
+        wanted, deadline = set(texts), time.monotonic() + timeout
+        while True:
+            found = {e["text"]: e for e in self.log()[since:] if e.get("text") in wanted}
+            if len(found) == len(wanted) or time.monotonic() > deadline:
+                return found
+            time.sleep(0.02)
 
 
 @contextlib.contextmanager

@@ -51,7 +51,7 @@ def _ask(url: str, text: str, timeout: float = 1.0, api_key: str | None = None):
 @pytest.mark.parametrize("form", ["pcm", "wav", "sse"])
 def test_streams_are_read_with_audio_arrivals(server, form):
     raw, dec, fig = _ask(server.url, form, api_key="k-123")
-    entry = [e for e in server.log() if e.get("text") == form][-1]
+    entry = server.entries([form])[form]
     assert fig["ok"] and fig["error"] is None and fig["http_status"] == 200
     written = sum(n for _, n in entry["writes"])
     assert fig["bytes"] == written and fig["audio_s"] == written / RATE_BYTES

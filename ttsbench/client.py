@@ -89,7 +89,7 @@ class SpeechClient:
                 raw.headers = {k.lower(): v for k, v in resp.headers.items()}
                 async for data in resp.content.iter_any():
                     append((clock(), data))
-            raw.t_end = clock()
+                raw.t_end = clock()  # before releasing the connection, which is not part of the answer
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # every failure is a result to record, never a crash

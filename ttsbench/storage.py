@@ -1,9 +1,9 @@
 """The run directory (docs/run-format.md): run.json, requests.jsonl, summary.json/.csv, audio/.
 
 requests.jsonl is appended and flushed one line per completed request, so an interrupted run loses
-nothing that finished; `--resume` reads it back to continue. Files are written by one background
-thread, in order: opening and writing files can stall for milliseconds, and on the event loop that
-would delay the arrival stamps of every other stream.
+nothing that finished; `--resume` reads it back to continue. `background` runs work (decoding,
+statistics, these writes) on one thread, in order: on the event loop, opening and writing files can
+stall for milliseconds and would delay the arrival stamps of every other stream.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ class RunDir:
                     warnings.warn(f"{path}:{lineno}: skipping an incomplete record")
         return out
 
-    def _submit(self, fn, *args) -> None:
+    def background(self, fn, *args) -> None:
+        """Run fn(*args) on the run's worker thread, after everything queued before it."""
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ttsbench-writer")
         self._writer.submit(fn, *args).add_done_callback(self._note_error)
@@ -100,10 +101,8 @@ class RunDir:
             self._write_error = future.exception()
 
     def append(self, record: dict) -> None:
-        """Queue one record line (serialised now, written and flushed in the background)."""
-        self._submit(self._write_line, json.dumps(record, ensure_ascii=False) + "\n")
-
-    def _write_line(self, line: str) -> None:
+        """Append one record line and flush it."""
+        line = json.dumps(record, ensure_ascii=False) + "\n"
         if self._requests is None:
             path = self.path / "requests.jsonl"
             self._requests = path.open("a", encoding="utf-8")
@@ -113,7 +112,7 @@ class RunDir:
         self._requests.flush()
 
     def close(self) -> None:
-        """Wait for every queued write; raise the first one that failed (e.g. a full disk)."""
+        """Wait for the queued background work; raise the first failure (e.g. a full disk)."""
         if self._writer is not None:
             self._writer.shutdown(wait=True)
             self._writer = None
@@ -126,14 +125,11 @@ class RunDir:
 
     # audio/
     def save_audio(self, request_id: str, wav: bytes) -> str:
-        """Queue the file's writing; returns its path relative to the run directory."""
+        """Write audio/<safe id>.wav; returns its path relative to the run directory."""
         rel = f"audio/{safe_id(request_id)}.wav"
-        self._submit(self._write_audio, self.path / rel, wav)
+        (self.path / "audio").mkdir(exist_ok=True)
+        (self.path / rel).write_bytes(wav)
         return rel
-
-    def _write_audio(self, path: Path, wav: bytes) -> None:
-        path.parent.mkdir(exist_ok=True)
-        path.write_bytes(wav)
 
     # summary.json / summary.csv
     def write_summary(self, slo: metrics.SLO) -> list[dict]:
