@@ -426,3 +426,6 @@ def print_verdict(verdict: Verdict, base: Figures, cur: Figures, rules: Rules, c
         console.print(f"[green]PASS[/]: {n} checks, none failed")
     else:
         console.print(f"[bold red]FAIL[/]: {verdict.failures} of {len(verdict.checks)} checks failed")
+        for c in (c for c in verdict.checks if c.failed):   # again, short, for long tables in CI logs
+            values = f": {_fmt(c.baseline)} -> {_fmt(c.current)} (limit {c.limit})" if c.limit else ""
+            console.print(f"  {c.where}: {c.what}{values}{' ' + c.note if c.note else ''}", highlight=False)
