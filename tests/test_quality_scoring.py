@@ -52,3 +52,47 @@ def test_reference_clip_paths(tmp_path):
     (tmp_path / "mine.wav").write_bytes(b"")
     assert resolve_ref_audio("mine.wav", tmp_path) == tmp_path / "mine.wav"      # beside the run
     assert resolve_ref_audio(str(tmp_path / "mine.wav"), tmp_path / "elsewhere") == tmp_path / "mine.wav"
+
+
+def test_an_interrupted_step_continues_where_it_stopped(tmp_path, monkeypatch):
+    import json
+
+    import numpy as np
+
+    from tests.quality_support import write_run, write_wav
+    from ttsbench.quality import scoring
+
+    tone = 0.3 * np.sin(np.linspace(0, 2000, 24000)).astype(np.float32)
+    records = []
+    for i in range(4):
+        write_wav(tmp_path / "audio" / f"{i}.wav", tone)
+        records.append(record(f"custom/short/c1/{i}", "custom", "short", "Hello there.", f"audio/{i}.wav"))
+    write_run(tmp_path, records)
+    options = scoring.Options(asr="none", sim="none")
+    scored = []
+    real = scoring._score_clip
+    monkeypatch.setattr(scoring, "_score_clip", lambda rec, *a: scored.append(rec["id"]) or real(rec, *a))
+
+    def stop_after_two(done, total):
+        if done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        scoring.score_run(tmp_path, options, progress=stop_after_two)
+    partial = (tmp_path / scoring.PARTIAL).read_text().splitlines()
+    assert len(partial) == 3 and not (tmp_path / "quality.jsonl").exists()
+    with (tmp_path / scoring.PARTIAL).open("a") as f:
+        f.write('{"row": {"id": "custom/sho')                       # a crash in the middle of a line
+    scored.clear()
+    (q,) = scoring.score_run(tmp_path, options)
+    assert scored == ["custom/short/c1/2", "custom/short/c1/3"] and q["n_clips"] == 4
+    assert not (tmp_path / scoring.PARTIAL).exists()
+    assert len((tmp_path / "quality.jsonl").read_text().splitlines()) == 4
+    # other options: nothing is reused
+    with pytest.raises(KeyboardInterrupt):
+        scoring.score_run(tmp_path, options, progress=stop_after_two)
+    scored.clear()
+    scoring.score_run(tmp_path, scoring.Options(asr="none", sim="none", expect_rate=16000))
+    assert len(scored) == 4
+    rows = [json.loads(line) for line in (tmp_path / "quality.jsonl").read_text().splitlines()]
+    assert all("sample_rate: 24000 Hz, expected 16000 Hz" in r["flags"] for r in rows)

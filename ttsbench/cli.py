@@ -444,6 +444,9 @@ def quality(
         _score(run_dir, options)
     except QualityError as e:
         _fail(str(e), 2)
+    except KeyboardInterrupt:
+        _fail(f"interrupted; the clips scored so far are kept in {run_dir / 'quality.partial.jsonl'}: "
+              "the same command continues from there", 130)
 
 
 @app.command("quality-models")

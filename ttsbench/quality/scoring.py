@@ -7,7 +7,8 @@ mean embedding of the speaker's other clips, so each clip gets its own figure). 
 no reference voice and get none.
 
 Both outputs are rewritten whole and atomically, so a crash never leaves half a file and the rest of
-summary.json (the load figures) is kept as it was.
+summary.json (the load figures) is kept as it was; clips scored before an interruption are kept in
+quality.partial.jsonl and not scored again.
 """
 
 from __future__ import annotations
@@ -96,6 +97,37 @@ def _check_references(records: list[dict], run_dir: Path) -> None:
 
         raise QualityError(f"reference clips not found: {', '.join(missing)} (looked in {datasets_dir()} "
                            f"and {run_dir}; set TTSBENCH_DATASETS, or score with --sim none)")
+
+
+PARTIAL = "quality.partial.jsonl"
+
+
+def _read_partial(path: Path, header: dict) -> dict[str, tuple[dict, np.ndarray | None]]:
+    """Clips already scored by an interrupted step with the same backends: id -> (row, embedding)."""
+    if not path.exists():
+        return {}
+    done = {}
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f):
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the line a crash cut short
+            if lineno == 0 and entry.get("header") != header:
+                return {}  # scored with other backends or options: start over
+            if "row" in entry:
+                emb = entry["embedding"]
+                done[entry["row"]["id"]] = (entry["row"], None if emb is None else np.asarray(emb, np.float32))
+    return done
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return True
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 def _score_clip(record: dict, run_dir: Path, backends: Backends, options: Options):
@@ -229,13 +261,31 @@ def score_run(run_dir: Path, options: Options, progress: Callable[[int, int], No
         _check_references(records, run.path)
     backends = Backends(options)
 
+    # Clips scored so far go to quality.partial.jsonl as they are done, so an interrupted step (hours of
+    # large-v3) continues where it stopped when run again with the same backends.
+    header = {"asr": backends.asr.backend if backends.asr else None, "asr_model": backends.asr_model,
+              "sim": backends.embedder.backend if backends.embedder else None,
+              "sim_model": str(options.sim_model) if options.sim_model else None, "expect_rate": options.expect_rate}
+    partial = run.path / PARTIAL
+    done = _read_partial(partial, header)
     rows, embeddings = [], []
-    for i, record in enumerate(records):
-        row, emb = _score_clip(record, run.path, backends, options)
-        rows.append(row)
-        embeddings.append(emb)
-        if progress:
-            progress(i + 1, len(records))
+    with partial.open("a" if done else "w", encoding="utf-8") as f:
+        if not done:
+            f.write(json.dumps({"header": header}) + "\n")
+        elif not _ends_with_newline(partial):
+            f.write("\n")  # a crash cut the last line short
+        for i, record in enumerate(records):
+            if record["id"] in done:
+                row, emb = done[record["id"]]
+            else:
+                row, emb = _score_clip(record, run.path, backends, options)
+                f.write(json.dumps({"row": row, "embedding": None if emb is None else emb.tolist()},
+                                   ensure_ascii=False) + "\n")
+                f.flush()
+            rows.append(row)
+            embeddings.append(emb)
+            if progress:
+                progress(i + 1, len(records))
     if backends.embedder:
         _similarities(rows, embeddings, records, run.path, backends)
     else:
@@ -250,4 +300,5 @@ def score_run(run_dir: Path, options: Options, progress: Callable[[int, int], No
     summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else {"version": 1}
     summary["quality"] = quality
     _write_atomic(summary_path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    partial.unlink()
     return quality
