@@ -7,18 +7,22 @@ Pipeline (shapes for the released codec, B requests, T frames):
   -> 4 x [SnakeBeta, causal ConvTranspose x r, 3 residual units] for r = 8, 5, 4, 3 (B, 96, 1920T)
   -> SnakeBeta, causal conv k7, clamp(-1, 1) -> (B, 1920T)
 
-Everything is causal, so the samples of a frame depend only on that frame and earlier ones. Streaming decodes
-a chunk of new frames together with some already-decoded frames before it (left context) and keeps only the
-new samples. Requests in one batch may have different amounts of context: rows are left-padded to a common
-length and `left_pad` says how many leading frames of each row are padding; padded positions are zeroed before
-every convolution and masked out of attention, so a padded row decodes exactly as it would alone. Shapes depend
-only on (B, T), never on the data, so a forward can be captured as a CUDA graph per (batch, frames) bucket.
+Everything is causal, so the samples of a frame depend only on that frame and earlier ones. What a layer sees
+of the time before its input comes from a `Frames` view that is threaded through the one traversal in
+`CodecDecoder.run`: here, the one-shot view (nothing before the first frame: convolutions pad with zeros,
+attention sees only this call's frames); in codec_stream.py, the streaming view (each row's carried state).
+
+One-shot batches may hold rows of different lengths: rows are left-padded to a common length and `left_pad`
+says how many leading frames of each row are padding; padded positions are zeroed before every convolution
+and masked out of attention, so a padded row decodes exactly as it would alone. Shapes depend only on (B, T),
+never on the data, so a forward can be captured as a CUDA graph per (batch, frames) bucket.
 
 Parameter names equal the official Qwen3TTSTokenizerV2Decoder's ("decoder." in speech_tokenizer/model.safetensors).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -28,34 +32,81 @@ from torch import nn
 from serving.model.codec_config import CodecDecoderConfig
 
 
-def _masked(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """Zero the left-padding positions of a (B, C, L) tensor; keep is (B, 1, L) or None (no padding)."""
-    return x if keep is None else x * keep
+class Frames:
+    """The time axis of one forward at `rate` samples per frame, as its convolutions and attention see it.
+
+    This is the one-shot view: nothing precedes the first frame, so a convolution's history is zeros and
+    attention sees only this call's frames; keep_bt (B, T) bool marks each row's real frames after its left
+    padding (None: no padding). codec_stream.StreamStep overrides the three hooks to hand each row its carried
+    state instead and to record the state the next chunk needs, so one traversal serves both.
+    """
+
+    past_frames = 0  # frames before this call whose keys and values attention sees
+
+    def __init__(self, keep_bt: torch.Tensor | None = None):
+        self.keep_bt = keep_bt
+        self.rate = 1
+
+    def upsampled(self, factor: int) -> "Frames":
+        view = copy.copy(self)
+        view.rate = self.rate * factor
+        return view
+
+    def with_history(self, module: nn.Module, x_bcl: torch.Tensor, n: int) -> torch.Tensor:
+        """x (B, C, L) at this rate with the n inputs before it prepended: (B, C, n + L). Padding is zeroed
+        first, so a padded row's convolutions see zeros before its first real input, as alone."""
+        if n == 0:
+            return x_bcl
+        if self.keep_bt is not None:
+            x_bcl = x_bcl * self.keep_bt.to(x_bcl.dtype).repeat_interleave(self.rate, dim=1)[:, None, :]
+        return F.pad(x_bcl, (n, 0))
+
+    def keys_values(self, module: nn.Module, k_bhtd: torch.Tensor, v_bhtd: torch.Tensor):
+        """Keys (before RoPE) and values of the past_frames earlier frames prepended to this call's."""
+        return k_bhtd, v_bhtd
+
+    def attention_mask(self, num_frames: int, window: int, device) -> torch.Tensor:
+        """(B or 1, 1, T, past_frames + T) bool: causal, within the window, key not padding (a query always sees
+        itself, so padded rows stay finite)."""
+        idx = torch.arange(num_frames, device=device)
+        distance_tt = idx[:, None] - idx[None, :]
+        allowed_tt = (distance_tt >= 0) & (distance_tt < window)
+        if self.keep_bt is None:
+            return allowed_tt[None, None]
+        allowed_btt = allowed_tt[None] & self.keep_bt[:, None, :]
+        return (allowed_btt | (distance_tt == 0)[None])[:, None]
 
 
 class CausalConv1d(nn.Module):
-    """Conv1d padded on the left only (stride 1 throughout the decoder), so output t sees inputs <= t."""
+    """Conv1d over its input with (k - 1) * dilation earlier inputs before it (stride 1 throughout the decoder),
+    so output t sees inputs <= t."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, groups: int = 1):
         super().__init__()
         self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
         self.left_pad = (kernel_size - 1) * dilation
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-        return self.conv(F.pad(_masked(x, keep), (self.left_pad, 0)))
+    def forward(self, x: torch.Tensor, frames: Frames) -> torch.Tensor:
+        return self.conv(frames.with_history(self, x, self.left_pad))
 
 
 class CausalConvTranspose1d(nn.Module):
-    """ConvTranspose1d (kernel k, stride s) with the k - s overhanging samples cut on the right: T -> s*T."""
+    """ConvTranspose1d (kernel k = m * stride s): T -> s*T, output samples [s*t, s*(t+1)) from inputs t-m+1..t.
+
+    The m - 1 earlier inputs are prepended (zeros at the start) and the samples they own cut, as are the
+    k - s samples overhanging on the right, so a chunk's samples are exactly those of the one-shot decode."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int):
         super().__init__()
+        if kernel_size % stride:
+            raise ValueError(f"transposed conv kernel {kernel_size} must be a multiple of its stride {stride}")
         self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
-        self.right_trim = kernel_size - stride
+        self.history = kernel_size // stride - 1
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-        y = self.conv(_masked(x, keep))
-        return y[..., : y.shape[-1] - self.right_trim] if self.right_trim else y
+    def forward(self, x: torch.Tensor, frames: Frames) -> torch.Tensor:
+        y = self.conv(frames.with_history(self, x, self.history))
+        start = self.history * self.conv.stride[0]
+        return y[..., start: start + x.shape[-1] * self.conv.stride[0]]
 
 
 class SnakeBeta(nn.Module):
@@ -81,8 +132,8 @@ class ConvNeXtBlock(nn.Module):
         self.pwconv2 = nn.Linear(4 * dim, dim)
         self.gamma = nn.Parameter(1e-6 * torch.ones(dim))
 
-    def forward(self, x_bct: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-        h_btc = self.dwconv(x_bct, keep).permute(0, 2, 1)
+    def forward(self, x_bct: torch.Tensor, frames: Frames) -> torch.Tensor:
+        h_btc = self.dwconv(x_bct, frames).permute(0, 2, 1)
         h_btc = self.pwconv2(F.gelu(self.pwconv1(self.norm(h_btc))))
         return x_bct + (self.gamma * h_btc).permute(0, 2, 1)
 
@@ -95,8 +146,8 @@ class ResidualUnit(nn.Module):
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv1d(dim, dim, kernel_size=1)
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-        return x + self.conv2(self.act2(self.conv1(self.act1(x), keep)), keep)
+    def forward(self, x: torch.Tensor, frames: Frames) -> torch.Tensor:
+        return x + self.conv2(self.act2(self.conv1(self.act1(x), frames)), frames)
 
 
 class DecoderBlock(nn.Module):
@@ -110,10 +161,12 @@ class DecoderBlock(nn.Module):
         )
         self.rate = rate
 
-    def forward(self, x: torch.Tensor, keep_in: torch.Tensor | None, keep_out: torch.Tensor | None) -> torch.Tensor:
-        x = self.block[1](self.block[0](x), keep_in)
+    def forward(self, x: torch.Tensor, frames: Frames) -> torch.Tensor:
+        """frames: the view at this block's input rate."""
+        x = self.block[1](self.block[0](x), frames)
+        frames = frames.upsampled(self.rate)
         for unit in self.block[2:]:
-            x = unit(x, keep_out)
+            x = unit(x, frames)
         return x
 
 
@@ -232,15 +285,17 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
 
-    def forward(self, x_btc: torch.Tensor, cos_tk: torch.Tensor, sin_tk: torch.Tensor,
-                allowed_b1tt: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_btc: torch.Tensor, frames: Frames, cos_mk: torch.Tensor, sin_mk: torch.Tensor,
+                allowed_b1tm: torch.Tensor) -> torch.Tensor:
+        """cos/sin (M, head_dim) for the M = past_frames + T keys; the queries are the last T of them."""
         b, t, _ = x_btc.shape
         q = self.q_proj(x_btc).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x_btc).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x_btc).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos_tk + rotate_half(q) * sin_tk
-        k = k * cos_tk + rotate_half(k) * sin_tk
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_b1tt,
+        k, v = frames.keys_values(self, k, v)
+        q = q * cos_mk[-t:] + rotate_half(q) * sin_mk[-t:]
+        k = k * cos_mk + rotate_half(k) * sin_mk
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_b1tm,
                                              enable_gqa=self.num_kv_heads != self.num_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -266,8 +321,9 @@ class TransformerLayer(nn.Module):
         self.self_attn_layer_scale = LayerScale(config.hidden_size, config.layer_scale_initial_scale)
         self.mlp_layer_scale = LayerScale(config.hidden_size, config.layer_scale_initial_scale)
 
-    def forward(self, x, cos_tk, sin_tk, allowed_b1tt):
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos_tk, sin_tk, allowed_b1tt))
+    def forward(self, x, frames, cos_mk, sin_mk, allowed_b1tm):
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), frames, cos_mk, sin_mk,
+                                                          allowed_b1tm))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -282,28 +338,17 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.output_proj = nn.Linear(config.hidden_size, config.latent_dim)
 
-    def rope(self, num_frames: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin (T, head_dim) computed in fp32 each call (a few hundred values; no buffer to keep in fp32)."""
-        return rope_tables(num_frames, self.config.head_dim, self.config.rope_theta, device, dtype)
-
-    def attention_mask(self, num_frames: int, keep_bt: torch.Tensor | None, device) -> torch.Tensor:
-        """(B or 1, 1, T, T) bool: causal, within the window, key not padding (a query always sees itself,
-        so padded rows stay finite)."""
-        idx = torch.arange(num_frames, device=device)
-        distance_tt = idx[:, None] - idx[None, :]
-        allowed_tt = (distance_tt >= 0) & (distance_tt < self.config.sliding_window)
-        if keep_bt is None:
-            return allowed_tt[None, None]
-        allowed_btt = allowed_tt[None] & keep_bt[:, None, :]
-        return (allowed_btt | (distance_tt == 0)[None])[:, None]
-
-    def forward(self, x_btc: torch.Tensor, keep_bt: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x_btc: torch.Tensor, frames: Frames) -> torch.Tensor:
+        """RoPE positions count from the first key this call sees (frame 0 one-shot, the oldest carried frame
+        when streaming): scores depend only on query-key distances, so this equals absolute positions and keeps
+        the angles small however long a stream runs. cos/sin are computed in fp32 each call (a few hundred values)."""
         t = x_btc.shape[1]
         h = self.input_proj(x_btc)
-        cos_tk, sin_tk = self.rope(t, h.device, h.dtype)
-        allowed = self.attention_mask(t, keep_bt, h.device)
+        cos_mk, sin_mk = rope_tables(frames.past_frames + t, self.config.head_dim, self.config.rope_theta,
+                                     h.device, h.dtype)
+        allowed = frames.attention_mask(t, self.config.sliding_window, h.device)
         for layer in self.layers:
-            h = layer(h, cos_tk, sin_tk, allowed)
+            h = layer(h, frames, cos_mk, sin_mk, allowed)
         return self.output_proj(self.norm(h))
 
 
@@ -353,29 +398,27 @@ class CodecDecoder(nn.Module):
         left_pad_b (B,) int: leading frames of each row that are padding (None: no padding). The samples of
         padded frames are meaningless; the others equal those of the row decoded alone without its padding.
         """
-        b, t, _ = codes_btq.shape
+        t = codes_btq.shape[1]
         keep_bt = None
         if left_pad_b is not None:
             keep_bt = torch.arange(t, device=codes_btq.device)[None, :] >= left_pad_b.to(codes_btq.device)[:, None]
+        return self.run(codes_btq, Frames(keep_bt))
 
-        def keep_at(factor: int) -> torch.Tensor | None:
-            if keep_bt is None:
-                return None
-            return keep_bt.to(self.pre_conv.conv.weight.dtype).repeat_interleave(factor, dim=1)[:, None, :]
-
+    def run(self, codes_btq: torch.Tensor, frames: Frames) -> torch.Tensor:
+        """The architecture, once: codes (B, T, Q) -> waveform (B, T * samples_per_frame), with what precedes
+        the T frames given by `frames` (one-shot: nothing; codec_stream: each row's carried state)."""
         h = self.quantizer.decode(codes_btq)                                   # (B, codebook_dim, T)
-        h = self.pre_conv(h, keep_at(1)).transpose(1, 2)                        # (B, T, latent)
-        h = self.pre_transformer(h, keep_bt).transpose(1, 2)                     # (B, latent, T)
-        factor = 1
+        h = self.pre_conv(h, frames).transpose(1, 2)                            # (B, T, latent)
+        h = self.pre_transformer(h, frames).transpose(1, 2)                     # (B, latent, T)
         for trans_conv, convnext in self.upsample:
-            h = trans_conv(h, keep_at(factor))
-            factor *= trans_conv.conv.stride[0]
-            h = convnext(h, keep_at(factor))
-        h = self.decoder[0](h, keep_at(factor))
+            h = trans_conv(h, frames)
+            frames = frames.upsampled(trans_conv.conv.stride[0])
+            h = convnext(h, frames)
+        h = self.decoder[0](h, frames)
         for block in self.decoder[1:-2]:
-            h = block(h, keep_at(factor), keep_at(factor * block.rate))
-            factor *= block.rate
-        wav = self.decoder[-1](self.decoder[-2](h), keep_at(factor))
+            h = block(h, frames)
+            frames = frames.upsampled(block.rate)
+        wav = self.decoder[-1](self.decoder[-2](h), frames)
         return wav.clamp(min=-1, max=1)[:, 0, :]
 
     def decode_chunk(self, codes_btq: torch.Tensor, context_frames: int | torch.Tensor) -> torch.Tensor:

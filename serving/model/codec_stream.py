@@ -1,0 +1,176 @@
+"""Incremental codec decoding: each frame is decoded once, with every layer's state carried from chunk to chunk.
+
+Re-decoding left context for every chunk costs several times the codec's work per frame and, with fewer earlier
+frames than the decoder's receptive field (580 frames for the released codec: 8 sliding-window layers compound),
+only approximates the one-shot decode. Here each stream instead keeps, per slot of a fixed-size pool:
+  - every causal conv's last (k - 1) * dilation inputs, and each transposed conv's last input (its kernel is
+    twice its stride, so an input's samples overlap the next one's); SnakeBeta, norms and 1x1 convs are
+    pointwise and keep nothing;
+  - every transformer layer's keys (before RoPE) and values of the last window - 1 frames, with how many of
+    them are real (fewer at the start of a stream).
+A chunk then runs the decoder's one traversal (`CodecDecoder.run`) over its new frames only, through a
+`StreamStep` view that hands each layer its rows' state, so chunked output equals the one-shot decode.
+
+One `step` decodes a batch of rows, each with its own slot, chunk length and position: rows are right-padded to
+a common frame count (causal, so padding after a row's frames changes none of its samples) and each row's new
+state is gathered at its own chunk end, so a row with 0 new frames keeps its state unchanged. Rows that start a
+stream zero their state inside the step. Everything is a fixed-shape device op on static pool buffers, with no
+host sync, so a step can be captured as a CUDA graph per (batch, frames) bucket; rows that only pad a batch
+bucket use `scratch_slot` with 0 new frames.
+
+For in-context voice cloning the reference codes prime a slot: decode them as the stream's first chunk and
+discard those samples (what the official pipeline does when it prepends them and cuts the waveform prefix).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from serving.model.codec_decoder import (Attention, CausalConv1d, CausalConvTranspose1d, CodecDecoder,
+                                         Frames)
+
+
+def _tail(full: torch.Tensor, end_b: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    """The `length` entries of each row of `full` along `dim` that end at full-index end_b + length (exclusive):
+    with full = [state | new inputs], end_b = a row's new inputs, this is the state after them."""
+    shape = [1] * full.dim()
+    shape[0], shape[dim] = -1, length
+    index = end_b.view(-1, *[1] * (full.dim() - 1)) + torch.arange(length, device=full.device).view(shape)
+    target = list(full.shape)
+    target[dim] = length
+    return full.gather(dim, index.expand(target))
+
+
+class StreamStep(Frames):
+    """The streaming view of one step's rows: their carried state in, their new state recorded for commit()."""
+
+    def __init__(self, pool: "IncrementalCodecDecoder", slots_b: torch.Tensor, new_frames_b: torch.Tensor,
+                 first_b: torch.Tensor):
+        super().__init__()
+        self.pool = pool
+        self.slots_b = slots_b
+        self.new_frames_b = new_frames_b
+        self.first_b = first_b
+        self.past_frames = pool.cache_frames
+        self.updates: dict[torch.Tensor, torch.Tensor] = {}  # shared by the views at every rate
+
+    def _carried(self, buffer: torch.Tensor) -> torch.Tensor:
+        rows = buffer.index_select(0, self.slots_b)
+        starts = self.first_b.view(-1, *[1] * (rows.dim() - 1))
+        return torch.where(starts, rows.new_zeros(()), rows)
+
+    def with_history(self, module: nn.Module, x_bcl: torch.Tensor, n: int) -> torch.Tensor:
+        if n == 0:
+            return x_bcl
+        buffer = self.pool.conv_state[module]
+        full = torch.cat([self._carried(buffer), x_bcl], dim=-1)
+        self.updates[buffer] = _tail(full, self.new_frames_b * self.rate, n, dim=-1)
+        return full
+
+    def keys_values(self, module: nn.Module, k_bhtd: torch.Tensor, v_bhtd: torch.Tensor):
+        k_buffer, v_buffer = self.pool.kv_state[module]
+        k_all = torch.cat([self._carried(k_buffer), k_bhtd], dim=2)
+        v_all = torch.cat([self._carried(v_buffer), v_bhtd], dim=2)
+        self.updates[k_buffer] = _tail(k_all, self.new_frames_b, self.past_frames, dim=2)
+        self.updates[v_buffer] = _tail(v_all, self.new_frames_b, self.past_frames, dim=2)
+        return k_all, v_all
+
+    def attention_mask(self, num_frames: int, window: int, device) -> torch.Tensor:
+        """(B, 1, T, past + T): causal within the window, and carried keys only where the row has real ones (its
+        frames decoded so far, none when it starts here)."""
+        past = self.past_frames
+        keys = torch.arange(past + num_frames, device=device)
+        distance_tm = (past + torch.arange(num_frames, device=device))[:, None] - keys[None, :]
+        allowed_tm = (distance_tm >= 0) & (distance_tm < window)
+        history_b = torch.where(self.first_b, 0, self.pool.history.index_select(0, self.slots_b))
+        real_bm = keys[None, :] >= past - history_b[:, None]
+        return (allowed_tm[None] & real_bm[:, None, :])[:, None]
+
+    def commit(self) -> None:
+        """Write the rows' new state into their slots (the scratch slot may appear more than once: it only ever
+        receives zeros, its rows having 0 new frames and a fresh start)."""
+        for buffer, rows in self.updates.items():
+            buffer.index_copy_(0, self.slots_b, rows)
+        history_b = torch.where(self.first_b, 0, self.pool.history.index_select(0, self.slots_b))
+        self.pool.history.index_copy_(0, self.slots_b,
+                                      (history_b + self.new_frames_b).clamp(max=self.pool.cache_frames))
+
+
+class IncrementalCodecDecoder:
+    """A pool of `num_slots` stream states (plus one scratch slot) for one CodecDecoder, on its device and dtype.
+
+    Memory per slot (released codec): 8 layers x 2 x 71 frames x 1024 for keys/values plus ~136k values of
+    convolution state, ~5 MB in fp32 (see state_bytes_per_slot).
+    """
+
+    def __init__(self, decoder: CodecDecoder, num_slots: int):
+        if num_slots < 1:
+            raise ValueError("the codec state pool needs at least one slot")
+        self.decoder = decoder
+        self.num_slots = num_slots
+        self.scratch_slot = num_slots
+        self.samples_per_frame = decoder.samples_per_frame
+        self.cache_frames = decoder.config.sliding_window - 1
+        param = next(decoder.parameters())
+        rows = num_slots + 1
+
+        def zeros(*shape):
+            return torch.zeros((rows, *shape), dtype=param.dtype, device=param.device)
+
+        self.conv_state: dict[nn.Module, torch.Tensor] = {}
+        self.kv_state: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
+        for module in decoder.modules():
+            if isinstance(module, CausalConv1d) and module.left_pad:
+                self.conv_state[module] = zeros(module.conv.in_channels, module.left_pad)
+            elif isinstance(module, CausalConvTranspose1d) and module.history:
+                self.conv_state[module] = zeros(module.conv.in_channels, module.history)
+            elif isinstance(module, Attention):
+                shape = (module.num_kv_heads, self.cache_frames, module.head_dim)
+                self.kv_state[module] = (zeros(*shape), zeros(*shape))
+        # real frames among each slot's carried keys/values: min(frames decoded so far, cache_frames)
+        self.history = torch.zeros(rows, dtype=torch.long, device=param.device)
+
+    @property
+    def state_bytes_per_slot(self) -> int:
+        buffers = list(self.conv_state.values()) + [b for pair in self.kv_state.values() for b in pair]
+        return sum(b[0].numel() * b.element_size() for b in buffers) + self.history.element_size()
+
+    @torch.inference_mode()
+    def step(self, codes_btq: torch.Tensor, slots_b: torch.Tensor, new_frames_b: torch.Tensor,
+             first_b: torch.Tensor) -> torch.Tensor:
+        """Decode the next chunk of each row's stream and advance its slot.
+
+        codes (B, T, Q) on the decoder's device: row b's first new_frames_b[b] frames are its chunk, the rest
+        padding; slots_b (B,) long: distinct slots in [0, num_slots], or scratch_slot for padding rows (with 0
+        new frames); first_b (B,) bool: the chunk starts the row's stream (its slot's state is discarded).
+        Returns (B, T * samples_per_frame): row b's first new_frames_b[b] * samples_per_frame samples are its
+        chunk's, equal to the one-shot decode of the row's whole stream at those frames.
+        """
+        frames = StreamStep(self, slots_b, new_frames_b, first_b)
+        wav = self.decoder.run(codes_btq, frames)
+        frames.commit()
+        return wav
+
+    def decode(self, chunks: list[tuple[int, torch.Tensor, bool]]) -> list[torch.Tensor]:
+        """Eager convenience over step(): [(slot, codes (n, Q), first), ...] -> each chunk's waveform
+        (n * samples_per_frame,) on the decoder's device. Checks slots and codes (a host sync; step() has none)."""
+        if not chunks:
+            return []
+        slots = [slot for slot, _, _ in chunks]
+        if len(set(slots)) != len(slots) or not all(0 <= s < self.num_slots for s in slots):
+            raise ValueError(f"slots must be distinct and in [0, {self.num_slots}), got {slots}")
+        device = self.history.device
+        rows = [torch.as_tensor(codes, device=device) for _, codes, _ in chunks]
+        for r in rows:
+            self.decoder.check_codes(r[None])
+        lengths = [len(r) for r in rows]
+        if min(lengths) < 1:
+            raise ValueError(f"every chunk needs at least one frame, got lengths {lengths}")
+        batch = torch.zeros((len(rows), max(lengths), self.decoder.config.num_quantizers), dtype=torch.long,
+                            device=device)
+        for i, r in enumerate(rows):
+            batch[i, : len(r)] = r
+        wav = self.step(batch, torch.tensor(slots, device=device), torch.tensor(lengths, device=device),
+                        torch.tensor([first for _, _, first in chunks], device=device))
+        return [wav[i, : n * self.samples_per_frame] for i, n in enumerate(lengths)]

@@ -1,0 +1,177 @@
+"""Incremental codec decoding (serving/model/codec_stream.py): a stream decoded chunk by chunk with carried state
+equals the one-shot decode, in batches whose rows have their own slots, chunk sizes and start/end times."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from serving.model.codec_config import released_codec_config, tiny_codec_config
+from serving.model.codec_decoder import CodecDecoder, init_random_
+from serving.model.codec_stream import IncrementalCodecDecoder
+
+Q = 16
+TOL = 1e-4
+
+
+def _decoder(cfg):
+    dec = CodecDecoder(cfg).eval()
+    init_random_(dec, torch.Generator().manual_seed(0))
+    return dec
+
+
+@pytest.fixture(scope="module")
+def small_window():
+    """Window 12 and 64 samples per frame: an 80-frame stream slides the window many times, cheaply."""
+    return _decoder(dataclasses.replace(tiny_codec_config().decoder, sliding_window=12, upsample_rates=(2, 2, 2, 2)))
+
+
+@pytest.fixture(scope="module")
+def real_window():
+    """The released window (72) and upsampling (1920 samples per frame, kernels 2r), at tiny widths."""
+    return _decoder(tiny_codec_config().decoder)
+
+
+def codes(n, seed, rows=None):
+    shape = (n, Q) if rows is None else (rows, n, Q)
+    return torch.randint(0, 2048, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def one_shot(decoder, c):
+    with torch.inference_mode():
+        return decoder(c[None])[0]
+
+
+def stream(pool, slot, c, sizes, fresh=True):
+    """Decode c (T, Q) alone in `slot`, chunk sizes taken from `sizes` (the last repeats) until T is covered;
+    fresh=False continues the slot's stream instead of starting one."""
+    pieces, start, i = [], 0, 0
+    while start < len(c):
+        n = min(sizes[min(i, len(sizes) - 1)], len(c) - start)
+        pieces.append(pool.decode([(slot, c[start:start + n], fresh and start == 0)])[0])
+        start, i = start + n, i + 1
+    return torch.cat(pieces)
+
+
+def max_dev(a, b):
+    assert a.shape == b.shape
+    return float((a - b).abs().max())
+
+
+@pytest.mark.parametrize("sizes", [[1, 7], [3, 25], [4, 25, 5, 11, 1, 2], [80]])
+def test_stream_equals_one_shot_small_window(small_window, sizes):
+    c = codes(80, 1)
+    pool = IncrementalCodecDecoder(small_window, num_slots=2)
+    assert max_dev(stream(pool, 1, c, sizes), one_shot(small_window, c)) < TOL
+
+
+@pytest.mark.parametrize("sizes", [[4, 25], [1, 13, 2, 30]])
+def test_stream_equals_one_shot_real_window_and_upsampling(real_window, sizes):
+    c = codes(110, 2)  # > 72 frames: the carried keys/values window slides
+    pool = IncrementalCodecDecoder(real_window, num_slots=1)
+    assert max_dev(stream(pool, 0, c, sizes), one_shot(real_window, c)) < TOL
+
+
+def test_stream_equals_one_shot_at_the_released_size():
+    dec = CodecDecoder(released_codec_config().decoder).eval()
+    init_random_(dec, torch.Generator().manual_seed(0))
+    c = codes(6, 3)
+    pool = IncrementalCodecDecoder(dec, num_slots=1)
+    whole = one_shot(dec, c)
+    assert max_dev(stream(pool, 0, c, [1, 2, 3]), whole) < TOL
+    assert float(whole.std()) > 0.05  # the random weights make real audio-like values, not a flat line
+
+
+def test_batched_rows_with_own_slots_sizes_and_lifetimes(small_window):
+    """Three streams in a pool of 3: B starts while A runs, A ends and its slot is reused by C; each step mixes
+    rows at different positions and chunk sizes (right-padded); every stream equals its own one-shot decode."""
+    spf = small_window.samples_per_frame
+    pool = IncrementalCodecDecoder(small_window, num_slots=3)
+    streams = {"A": (codes(40, 10), 0), "B": (codes(50, 11), 2), "C": (codes(33, 12), 0)}
+    # per step: {stream: frames}; a stream's first entry starts it
+    steps = [{"A": 3}, {"A": 25, "B": 1}, {"A": 12, "B": 4}, {"B": 25, "C": 2}, {"B": 20, "C": 25}, {"C": 6}]
+    done = {name: 0 for name in streams}
+    out = {name: [] for name in streams}
+    for step in steps:
+        chunks = [(streams[n][1], streams[n][0][done[n]:done[n] + k], done[n] == 0) for n, k in step.items()]
+        for name, wav in zip(step, pool.decode(chunks)):
+            assert wav.shape == (step[name] * spf,)
+            out[name].append(wav)
+            done[name] += step[name]
+    for name, (c, _) in streams.items():
+        assert done[name] == len(c)
+        assert max_dev(torch.cat(out[name]), one_shot(small_window, c)) < TOL, name
+
+
+def test_padding_rows_and_idle_rows_leave_state_untouched(small_window):
+    """A step row with 0 new frames (an idle slot, or the scratch slot padding a batch bucket) changes no state,
+    and padding frames after a row's chunk change none of its samples."""
+    spf = small_window.samples_per_frame
+    pool = IncrementalCodecDecoder(small_window, num_slots=2)
+    c = codes(30, 20)
+    first = pool.decode([(0, c[:10], True)])[0]
+    junk = codes(8, 21, rows=3)
+    junk[0, :5] = c[10:15]
+    wav = pool.step(junk, torch.tensor([0, 1, pool.scratch_slot]), torch.tensor([5, 0, 0]),
+                    torch.tensor([False, False, True]))
+    rest = pool.decode([(0, c[15:], False)])[0]
+    streamed = torch.cat([first, wav[0, : 5 * spf], rest])
+    assert max_dev(streamed, one_shot(small_window, c)) < TOL
+    assert all(float(b[pool.scratch_slot].abs().max()) == 0 for b in pool.conv_state.values())
+    assert int(pool.history[1]) == 0 and int(pool.history[pool.scratch_slot]) == 0
+
+
+def test_reference_codes_prime_the_state(real_window):
+    """Voice cloning: the reference codes decoded as a first chunk (samples discarded) make the generated
+    frames' samples those of the one-shot decode of [reference | generated]."""
+    spf = real_window.samples_per_frame
+    ref, gen = codes(30, 30), codes(29, 31)
+    pool = IncrementalCodecDecoder(real_window, num_slots=1)
+    pool.decode([(0, ref, True)])
+    streamed = stream(pool, 0, gen, [4, 25], fresh=False)
+    assert max_dev(streamed, one_shot(real_window, torch.cat([ref, gen]))[len(ref) * spf:]) < TOL
+
+
+def test_a_restarted_slot_forgets_its_previous_stream(small_window):
+    pool = IncrementalCodecDecoder(small_window, num_slots=1)
+    stream(pool, 0, codes(20, 40), [7])
+    c = codes(20, 41)
+    assert max_dev(stream(pool, 0, c, [3, 9]), one_shot(small_window, c)) < TOL
+
+
+def test_step_traces_as_one_graph_without_host_syncs(small_window):
+    """torch.compile with fullgraph=True fails on anything data-dependent on the host (.item(), Python branches
+    on tensor values): a step that traces whole can be captured as a CUDA graph per (batch, frames) shape."""
+    pool = IncrementalCodecDecoder(small_window, num_slots=2)
+    compiled = torch.compile(pool.step, fullgraph=True, backend="eager", dynamic=False)
+    c = codes(12, 50)
+    args = (torch.tensor([0, pool.scratch_slot]), torch.tensor([4, 0]), torch.tensor([True, True]))
+    wav = compiled(torch.stack([c[:4].repeat(3, 1), c[:12]]), *args)[0, : 4 * small_window.samples_per_frame]
+    assert max_dev(wav, one_shot(small_window, c[:4])) < TOL
+
+
+def test_state_size_of_the_released_codec():
+    with torch.device("meta"):
+        dec = CodecDecoder(released_codec_config().decoder)
+    pool = IncrementalCodecDecoder(dec, num_slots=4)
+    kv = 8 * 2 * 71 * 16 * 64 * 4  # layers x (keys, values) x window-1 frames x heads x head_dim x fp32
+    assert kv < pool.state_bytes_per_slot < kv + 1_000_000
+    assert pool.conv_state[dec.pre_conv].shape == (5, 512, 2)  # 4 slots + scratch, kernel 3 -> 2 inputs
+
+
+@pytest.mark.parametrize("chunks, message", [
+    ([(0, codes(2, 0), True), (0, codes(2, 1), True)], "slots must be distinct"),
+    ([(2, codes(2, 0), True)], r"slots must be distinct and in \[0, 2\)"),
+    ([(0, codes(0, 0), True)], "at least one frame"),
+    ([(0, torch.full((2, Q), 2048), True)], r"codes must lie in \[0, 2048\)"),
+    ([(0, codes(2, 0)[:, :15], True)], r"codes must be \(batch, frames, 16\)"),
+])
+def test_bad_chunks_are_refused(small_window, chunks, message):
+    pool = IncrementalCodecDecoder(small_window, num_slots=2)
+    with pytest.raises(ValueError, match=message):
+        pool.decode(chunks)
+
+
+def test_pool_needs_a_slot(small_window):
+    with pytest.raises(ValueError, match="at least one slot"):
+        IncrementalCodecDecoder(small_window, num_slots=0)
