@@ -124,8 +124,7 @@ def _notes(runs: list[Run]) -> list[str]:
                 off += 1
         if off:
             notes.append(f"{run.label}: for {off} request(s) the underrun recomputed from the chunk timings "
-                         "differs from the stored underrun_s by more than 10 ms (a start-up buffer or an "
-                         "older harness?).")
+                         "differs from the stored underrun_s by more than 10 ms (written by another harness version?).")
     return notes
 
 

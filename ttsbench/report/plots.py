@@ -203,7 +203,7 @@ def pick_timeline_requests(run: Run, task, set_, levels, n: int = 3) -> list[dic
     if not levels_present:
         return []
     top, low = cands(levels_present[-1]), cands(levels_present[0])
-    worst = max(top, key=lambda r: (playback(r).underrun_s if playback(r) else 0.0))
+    worst = max(top, key=lambda r: getattr(playback(r), "underrun_s", 0.0))
     for rec in (worst, median_e2e(top), median_e2e(low)):
         if rec is not None and all(rec["id"] != c["id"] for c in chosen):
             chosen.append(rec)
