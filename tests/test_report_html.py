@@ -257,6 +257,9 @@ def test_playback_by_hand():
 def test_damaged_runs_are_reported_not_hidden(runs, tmp_path):
     run = tmp_path / "cut"
     shutil.copytree(runs["rate"], run)
+    records = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
+    next(r for r in records if r["ok"] and not r["warmup"])["underrun_s"] += 1.0   # disagrees with its chunks
+    (run / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     with (run / "requests.jsonl").open("a") as f:
         f.write('{"id": "custom/short/r1/99", "ok": tr')       # a crash mid-line
     meta = json.loads((run / "run.json").read_text())
@@ -264,6 +267,7 @@ def test_damaged_runs_are_reported_not_hidden(runs, tmp_path):
     (run / "run.json").write_text(json.dumps(meta))
     text = build([run], tmp_path / "r.html").read_text()
     assert "1 unreadable line(s)" in text and "no finished_at" in text
+    assert "for 1 request(s) the underrun recomputed from the chunk timings differs" in text
 
 
 def test_resumed_run_lists_its_sessions(runs, tmp_path):
