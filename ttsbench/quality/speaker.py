@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ttsbench.quality import weights
+from ttsbench.quality.device import resolve as device_resolve
 from ttsbench.quality.audio import MODEL_RATE
 from ttsbench.quality.errors import QualityError
 
@@ -31,13 +32,6 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def _device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 class ResemblyzerEmbedder:
     backend = "resemblyzer"
 
@@ -49,7 +43,7 @@ class ResemblyzerEmbedder:
                                "(--no-deps: its webrtcvad dependency does not build here; webrtcvad-wheels "
                                "provides the same module)") from exc
         self._preprocess = preprocess_wav
-        self._encoder = VoiceEncoder(device=_device(device), verbose=False)
+        self._encoder = VoiceEncoder(device=device_resolve(device), verbose=False)
 
     def embed(self, audio_16k: np.ndarray) -> np.ndarray | None:
         """The utterance embedding, or None when no speech is left after trimming silence."""
@@ -85,7 +79,7 @@ class EcapaEmbedder:
         # NO_LINK: read the files where they are (no copies or symlinks written beside them).
         self._model = EncoderClassifier.from_hparams(
             source=str(source), savedir=str(source), local_strategy=LocalStrategy.NO_LINK,
-            run_opts={"device": _device(device)}, overrides={"pretrained_path": str(source)})
+            run_opts={"device": device_resolve(device)}, overrides={"pretrained_path": str(source)})
 
     def embed(self, audio_16k: np.ndarray) -> np.ndarray | None:
         if len(audio_16k) < MODEL_RATE // 4:
