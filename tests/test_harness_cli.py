@@ -105,7 +105,8 @@ def test_resume_continues_an_interrupted_run(server, data, tmp_path):
     lines = (out / "requests.jsonl").read_text().splitlines()
     # as if killed during the second level: 5 records kept, the 6th cut off mid-line
     (out / "requests.jsonl").write_text("\n".join(lines[:5]) + "\n" + lines[5][:30])
-    result = _run("--resume", str(out), "--url", server.url)
+    with pytest.warns(UserWarning, match="requests.jsonl:6: skipping an incomplete record"):
+        result = _run("--resume", str(out), "--url", server.url)
     assert result.exit_code == 0, result.output
     with pytest.warns(UserWarning, match="incomplete record"):
         from ttsbench.storage import RunDir
@@ -226,3 +227,17 @@ def test_ctrl_c_keeps_completed_requests_and_resume_finishes(tmp_path):
     records = [json.loads(line) for line in requests_file.read_text().splitlines()]
     assert sorted(r["id"] for r in records) == sorted(f"custom/slow/c2/{i}" for i in range(30))
     assert records[:len(kept)] == kept
+
+
+def test_clone_upload_mode_registers_voices_once(server, data, tmp_path):
+    out = tmp_path / "run"
+    seen = len(server.log())
+    result = _run("--url", server.url, "--task", "clone", "--clone-mode", "upload", "--num-requests", "3",
+                  "--warmup", "0", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    sent = server.entries([r["text"] for r in records], since=seen)
+    uploads = [e["upload"] for e in server.log()[seen:] if "upload" in e]
+    assert [(u["name"], u["ref_text"]) for u in uploads] == [("v1", "Hello there.")] and uploads[0]["file_size"] > 44
+    assert len(sent) == 3 and all(e["fields"]["voice"] == "v1" and e["fields"]["task_type"] == "Base"
+                                  and "ref_audio" not in e["fields"] for e in sent.values())

@@ -88,10 +88,20 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class _Job:
+    """One request of a cell; `index` drives the round-robin over speakers, designs and voices."""
     id: str
     index: int
     warmup: bool
-    request: SpeechRequest
+    item: datasets.Item
+
+
+@dataclass(frozen=True)
+class _Cell:
+    """One (task, set, level) and its progress bar."""
+    builder: RequestBuilder
+    set_name: str
+    level: Level
+    bar: int
 
 
 def load_sets(config: RunConfig) -> list[tuple[str, list[datasets.Item]]]:
@@ -146,13 +156,13 @@ class _Session:
         self.progress: Progress | None = None
         self.failed: dict[int, int] = {}  # progress bar -> failed requests
 
-    def _record(self, job: _Job, task: str, set_name: str, level: Level, dec, figures) -> dict:
-        req = job.request
+    def _record(self, cell: _Cell, job: _Job, req: SpeechRequest, dec, figures) -> dict:
         audio_path = None
         if self.config.save_audio and dec.data:
             audio_path = self.run.save_audio(job.id, dec.wav_bytes())
+        level = cell.level
         return {
-            "id": job.id, "item_id": req.item.id, "task": task, "set": set_name,
+            "id": job.id, "item_id": req.item.id, "task": cell.builder.task, "set": cell.set_name,
             "language": self.config.request.language or req.item.language, "text": req.item.text,
             "voice": req.voice, "instructions": req.instructions,
             "ref_audio_path": req.ref_audio_path, "ref_text": req.ref_text,
@@ -161,40 +171,43 @@ class _Session:
             "session": self.session, **figures, "audio_path": audio_path,
         }
 
-    async def _send(self, job: _Job, task: str, set_name: str, level: Level, bar) -> None:
-        raw = await self.client.speech(job.request.body)
-        self.run.background(self._finish, job, task, set_name, level, bar, raw)
+    async def _send(self, cell: _Cell, job: _Job) -> None:
+        # Built here rather than up front: a clone body carries its reference clip (~0.3 MB).
+        req = cell.builder.build(job.item, job.index)
+        raw = await self.client.speech(req.body)
+        self.run.background(self._finish, cell, job, req, raw)
 
-    def _finish(self, job: _Job, task: str, set_name: str, level: Level, bar, raw) -> None:
+    def _finish(self, cell: _Cell, job: _Job, req: SpeechRequest, raw) -> None:
         """Decode, measure, save and record a completed request (on the run's worker thread)."""
         try:
             dec = decode.decode(raw, self.config.pcm_sample_rate)
             figures = metrics.request_figures(raw, dec, self.config.playback_buffer_ms / 1000.0)
-            record = self._record(job, task, set_name, level, dec, figures)
+            record = self._record(cell, job, req, dec, figures)
         except Exception:  # a harness bug must cost one record, not the run
             dec = decode.Decoded(error="other", error_detail="harness: " + traceback.format_exc(limit=3))
-            record = self._record(job, task, set_name, level, dec, metrics.request_figures(raw, dec))
+            record = self._record(cell, job, req, dec, metrics.request_figures(raw, dec))
         self.run.append(record)
-        if bar is not None:
-            self.failed[bar] += not record["ok"]
-            self.progress.update(bar, advance=1, failed=self.failed[bar])
+        if not job.warmup:
+            self.failed[cell.bar] += not record["ok"]
+            self.progress.update(cell.bar, advance=1, failed=self.failed[cell.bar])
 
     async def _cell(self, builder: RequestBuilder, set_name: str, order: list, level: Level) -> None:
-        cfg, task = self.config, builder.task
+        cfg = self.config
         n = cfg.num_requests or level.default_requests()
-        prefix = f"{task}/{set_name}/{level.name}"
+        prefix = f"{builder.task}/{set_name}/{level.name}"
         todo = [i for i in range(n) if f"{prefix}/{i}" not in self.done_ids]
         if not todo:
             return
-        w0 = self.warmups_done.get(prefix, 0)
-        warm = [_Job(f"{prefix}/warmup-{w0 + i}", n + i, True, builder.build(order[(n + i) % len(order)], n + i))
+        w0 = self.warmups_done.get(prefix, 0)  # a resumed cell warms up again, under new ids
+        warm = [_Job(f"{prefix}/warmup-{w0 + i}", n + i, True, order[(n + i) % len(order)])
                 for i in range(cfg.warmup)]
-        jobs = [_Job(f"{prefix}/{i}", i, False, builder.build(order[i % len(order)], i)) for i in todo]
+        jobs = [_Job(f"{prefix}/{i}", i, False, order[i % len(order)]) for i in todo]
         bar = self.progress.add_task(prefix, total=len(jobs), failed=0, phase="warmup" if warm else "")
         self.failed[bar] = 0
+        cell = _Cell(builder, set_name, level, bar)
 
         async def send(job: _Job) -> None:
-            await self._send(job, task, set_name, level, None if job.warmup else bar)
+            await self._send(cell, job)
 
         await run_level(level, warm, send, cfg.seed)
         self.progress.update(bar, phase="")
@@ -212,7 +225,10 @@ class _Session:
                 builder = RequestBuilder(task, cfg.request)
                 if task == "clone" and cfg.request.clone_mode == "upload":
                     for voice in builder.voices:
-                        await self.client.upload_voice(voice)
+                        try:
+                            await self.client.upload_voice(voice)
+                        except Exception as e:
+                            raise RunError(f"--clone-mode upload: {e}") from e
                 for set_name, items in sets:
                     order = list(items)
                     random.Random(f"{cfg.seed}:{set_name}").shuffle(order)
