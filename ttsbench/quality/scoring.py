@@ -165,7 +165,7 @@ def _similarities(rows: list[dict], embeddings: list, records: list[dict], run_d
 
     ref_cache: dict[Path, np.ndarray | None] = {}
     by_voice: dict[tuple, list[int]] = defaultdict(list)
-    for i, (row, emb, rec) in enumerate(zip(rows, embeddings, records)):
+    for i, (row, emb, rec) in enumerate(zip(rows, embeddings, records, strict=True)):
         if rec.get("task") == "clone":
             row["sim_kind"] = "reference"
             ref = rec.get("ref_audio_path")
