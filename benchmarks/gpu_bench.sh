@@ -16,7 +16,8 @@
 # Knobs (environment): OUT (results; default /tmp/gpu_bench), SIZE (0.6B | 1.7B), LEVELS (1,8,32,64,128),
 # TASKS (custom clone), SETS (short long), SERVE_ARGS (extra `ttsbench serve` options), DECODE_ARGS,
 # PEER_STAGES (fastB official), WHEELS (folder of wheels to install first; default .peer-bench/whl/common).
-# Raw runs: $OUT/runs.tgz (run directories without audio), $OUT/decode.json, $OUT/*.log.
+# Results: $OUT/table.md, $OUT/decode.log, and $OUT/raw.tgz (env, decode.json, kernel profiles, server logs,
+# runs.tgz: the run directories without audio, peer JSON).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -26,7 +27,7 @@ LEVELS=${LEVELS:-1,8,32,64,128}
 TASKS=${TASKS:-custom clone}
 SETS=${SETS:-short long}
 STAGES=${*:-env decode serve peers table}
-WORK=/tmp/gpu_bench_work; mkdir -p "$WORK/runs"
+WORK=/tmp/gpu_bench_work; mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 T0=$(date +%s)
 say() { echo "=== $* ($(( $(date +%s) - T0 ))s)"; }
@@ -37,7 +38,8 @@ if [ -d "$WHEELS" ] && [ ! -d /tmp/site_ours ]; then  # soundfile, soxr (+ cffi,
     "$WHEELS"/soundfile-*.whl "$WHEELS"/soxr-*.whl "$WHEELS"/cffi-*.whl "$WHEELS"/pycparser-*.whl 2>&1 | tail -2
 fi
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}:/tmp/site_ours
-ttsbench() { python3 -c 'import sys; from ttsbench.cli import app; sys.argv[0] = "ttsbench"; app()' "$@"; }
+TTSBENCH='import sys; from ttsbench.cli import app; sys.argv[0] = "ttsbench"; app()'
+ttsbench() { python3 -c "$TTSBENCH" "$@"; }
 
 checkpoint() {  # checkpoint TYPE -> directory of a random SIZE checkpoint (written once)
   local dir=$WORK/ckpt-$SIZE-$1
@@ -49,8 +51,8 @@ for stage in $STAGES; do
   case $stage in
   env)
     say env
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-    python3 - <<'EOF' 2>&1 | tee "$OUT/env.txt"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/env.txt"
+    python3 - <<'EOF' 2>&1 | tee -a "$OUT/env.txt"
 import importlib, platform, torch
 print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
       "gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else None)
@@ -69,11 +71,12 @@ EOF
       --profile "$OUT/profile.txt" ${DECODE_ARGS:-} 2>&1 | grep -v "^W[0-9]" | tee "$OUT/decode.log"
     ;;
   serve)
+    rm -rf "$WORK/runs"; mkdir -p "$WORK/runs"
     for task in $TASKS; do
       case $task in custom) type=custom_voice;; clone) type=base;; *) echo "unknown task $task"; continue;; esac
       ck=$(checkpoint $type)
       say "serve $task ($SIZE)"
-      ttsbench serve --model "$ck" --load-format dummy --ignore-eos --max-batch-size 128 --max-queue 512 \
+      python3 -c "$TTSBENCH" serve --model "$ck" --load-format dummy --ignore-eos --max-batch-size 128 --max-queue 512 \
         --max-model-len 1024 --port 8091 --log-level warning ${SERVE_ARGS:-} > "$OUT/serve-$task.log" 2>&1 &
       pid=$!
       for _ in $(seq 600); do
@@ -85,27 +88,28 @@ EOF
       curl -s localhost:8091/health; echo
       for set_ in $SETS; do
         for c in ${LEVELS//,/ }; do
-          n=$(( c < 4 ? 4 : (set_ == "long" ? c : 2 * c) ))
-          [ "$set_" = long ] && [ "$c" -lt 4 ] && n=2
+          if [ "$set_" = long ]; then n=$(( c < 4 ? 2 : c )); else n=$(( c < 4 ? 4 : 2 * c )); fi
           ttsbench run --url http://127.0.0.1:8091 --task $task --set $set_ --concurrency $c --num-requests $n \
-            --warmup 1 --no-save-audio --timeout 240 --out "$WORK/runs/$task-$set_-c$c" \
-            --label "$task-$set_-c$c" > "$OUT/run-last.log" 2>&1 || tail -5 "$OUT/run-last.log"
+            --max-new-tokens 900 --warmup 1 --no-save-audio --timeout 240 --out "$WORK/runs/$task-$set_-c$c" \
+            --label "$task-$set_-c$c" > "$WORK/run-last.log" 2>&1 || tail -5 "$WORK/run-last.log"
           python3 - "$WORK/runs/$task-$set_-c$c/summary.json" <<'EOF'
 import json, sys
 try:
     r = json.load(open(sys.argv[1]))["rows"][0]
 except Exception as exc:
     sys.exit(f"  no summary: {exc}")
+def f(key, fmt="{:.1f}"):
+    return "-" if r.get(key) is None else fmt.format(r[key])
 print(f"  {r['task']:6s} {r['set']:5s} c={r['concurrency']:<3d} ok {r['completed']:3d} fail {r['failed']:2d} "
-      f"ttfab p50 {r['ttfab_ms_median']:7.1f} p95 {r['ttfab_ms_p95']:7.1f} ms  rtf p50 {r['rtf_median']:.3f}  "
-      f"audio/s {r['audio_throughput']:7.1f}  underrun p95 {r['underrun_s_p95']:.3f} s")
+      f"ttfab p50 {f('ttfab_ms_median')} p95 {f('ttfab_ms_p95')} ms  rtf p50 {f('rtf_median', '{:.3f}')}  "
+      f"audio/s {f('audio_throughput')}  underrun p95 {f('underrun_s_p95', '{:.3f}')} s  errors {r.get('errors')}")
 EOF
         done
       done
-      curl -s localhost:8091/metrics | grep -v "^#" | grep -i "ttsbench\|serving\|frames" | head -20 > "$OUT/metrics-$task.txt"
+      curl -s localhost:8091/metrics | grep -v "^#" | grep -i "ttsbench\|serving\|frames" | head -40 >> "$OUT/serve-$task.log"
       kill $pid; wait $pid 2>/dev/null
+      tar -C "$WORK" -czf "$OUT/runs.tgz" runs  # after each task: a later timeout keeps what is done
     done
-    tar -C "$WORK" -czf "$OUT/runs.tgz" runs
     ;;
   peers)
     say peers
@@ -126,4 +130,7 @@ EOF
   *) echo "unknown stage $stage";;
   esac
 done
+# what comes back from a lent GPU is a few files: everything raw in one archive, the table beside it
+(cd "$OUT" && tar -czf raw.tgz --exclude raw.tgz --exclude table.md --exclude decode.log * && \
+  find . -maxdepth 1 -type f ! -name raw.tgz ! -name table.md ! -name decode.log -delete)
 say done

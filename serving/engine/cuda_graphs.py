@@ -32,6 +32,17 @@ def make_kv_buckets(max_model_len: int, smallest: int = SMALLEST_KV_BUCKET) -> t
     return tuple(sizes)
 
 
+GRAPH_BATCHES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def make_graph_buckets(num_slots: int, max_graph_batch: int) -> tuple[int, ...]:
+    """Batch sizes that get graphs: a coarse ladder up to min(num_slots, max_graph_batch), which is always
+    one. A step over fewer rows replays the next larger graph; the extra rows are empty slots (inactive,
+    their outputs unread), which costs little since a frame's time is mostly weight reads shared by all rows."""
+    top = min(num_slots, max_graph_batch)
+    return tuple(sorted({b for b in GRAPH_BATCHES if b < top} | {top}))
+
+
 def smallest_cover(value: int, buckets: tuple[int, ...]) -> int | None:
     """The smallest bucket >= value, or None when none is that large."""
     for b in buckets:

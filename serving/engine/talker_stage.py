@@ -15,7 +15,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from serving.engine.cuda_graphs import FrameGraphs, make_kv_buckets, smallest_cover
+from serving.engine.cuda_graphs import FrameGraphs, make_graph_buckets, make_kv_buckets, smallest_cover
 from serving.engine.length_policy import frame_limit
 from serving.engine.request import GenerationRequest
 from serving.engine.rng import exponential_noise
@@ -85,7 +85,7 @@ class TalkerRunner:
         self.kv_buckets = make_kv_buckets(max_model_len)
         if cuda_graphs and device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
-        self.graph_buckets = tuple(b for b in buckets if b <= max_graph_batch) if cuda_graphs else ()
+        self.graph_buckets = make_graph_buckets(num_slots, max_graph_batch) if cuda_graphs else ()
         self.graphs = FrameGraphs(lambda b, kv: self._step(b, kv, True), device) if cuda_graphs else None
         self.compile_layers = compile_layers
         if compile_layers:
@@ -239,12 +239,17 @@ class TalkerRunner:
         return codes.cpu().numpy(), ended.cpu().numpy()
 
     def step_tensors(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The frame on the device, by the path decode_step takes (no host bookkeeping; benchmarks time this)."""
+        """The frame on the device, by the path decode_step takes (no host bookkeeping; benchmarks time this).
+        A graph of a larger batch serves a smaller step (the extra rows are empty slots); rows [0, bucket)
+        come back."""
         kv_len = max(self.lengths[:bucket]) + 1
         candidates = all(self.candidate_ok[:bucket])
-        kv_bucket = smallest_cover(kv_len, self.kv_buckets)
-        if candidates and self.graphs is not None and self.graphs.covers(bucket, kv_bucket):
-            return self.graphs.replay(bucket, kv_bucket)
+        if candidates and self.graphs is not None:
+            batch = smallest_cover(bucket, self.graph_buckets)
+            kv_bucket = smallest_cover(kv_len, self.kv_buckets)
+            if batch is not None and self.graphs.covers(batch, kv_bucket):
+                codes, ended = self.graphs.replay(batch, kv_bucket)
+                return codes[:bucket], ended[:bucket]
         return self._step(bucket, kv_len, candidates)
 
     def _draw(self, logits: torch.Tensor, params: SamplingParams, b: int, group: int, candidates: bool) -> torch.Tensor:
