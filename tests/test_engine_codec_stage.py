@@ -1,4 +1,5 @@
-"""Stage 1 with the real (tiny, random) codec decoder: chunk plans and batched decoding."""
+"""Stage 1 with the real (tiny, random) codec decoder: chunk plans, slots of the incremental decoder's pool,
+priming with reference codes, and batched decoding equal to each stream's one-shot decode."""
 
 import numpy as np
 import pytest
@@ -9,68 +10,135 @@ from serving.model.codec_config import tiny_codec_config
 from serving.model.codec_decoder import CodecDecoder, init_random_
 
 Q = 16
+SPF = 1920
 
 
 @pytest.fixture(scope="module")
-def runner():
-    torch.manual_seed(0)
-    decoder = CodecDecoder(tiny_codec_config().decoder)
-    init_random_(decoder, torch.Generator().manual_seed(0))
-    return CodecRunner(decoder.eval(), torch.device("cpu"), Q)
+def decoder():
+    dec = CodecDecoder(tiny_codec_config().decoder)
+    init_random_(dec, torch.Generator().manual_seed(0))
+    return dec.eval()
+
+
+@pytest.fixture
+def runner(decoder):
+    return CodecRunner(decoder, torch.device("cpu"), Q, num_slots=3)
 
 
 def codes(n, seed):
     return np.random.default_rng(seed).integers(0, 2048, size=(n, Q), dtype=np.int64)
 
 
+def one_shot(decoder, frames):
+    with torch.inference_mode():
+        return decoder(torch.from_numpy(frames)[None])[0].numpy()
+
+
+def new_stream(first=4, chunk=25, prime=None):
+    return CodecStream(first, chunk, np.zeros((0, Q), np.int64) if prime is None else prime)
+
+
 def drain(stream, frames, feed_sizes):
-    """Feed `frames` in bursts of the given sizes, taking chunks whenever ready: returns chunk (context, new) lengths."""
+    """Feed `frames` in bursts of the given sizes, taking chunks whenever ready: returns (skip, new) per chunk."""
     out, i = [], 0
+    stream.slot = 0
     for size in feed_sizes:
         stream.pending.extend(frames[i:i + size])
         i += size
         if i >= len(frames):
             stream.finished = True
         while stream.ready():
-            ctx, new = stream.take_chunk()
-            out.append((len(ctx), len(new)))
+            chunk = stream.take_chunk()
+            out.append((chunk.skip, len(chunk.codes) - chunk.skip))
     assert stream.done
     return out
 
 
 def test_chunk_boundaries_depend_on_frame_indices_not_arrival():
     frames = list(codes(60, 1))
-    plans = []
-    for feed in ([1] * 60, [7] * 9, [60], [3, 50, 7]):
-        plans.append(drain(CodecStream(4, 25, 30, np.zeros((0, Q), np.int64)), frames, feed))
+    plans = [drain(new_stream(), frames, feed) for feed in ([1] * 60, [7] * 9, [60], [3, 50, 7])]
     assert all(p == plans[0] for p in plans)
-    assert plans[0] == [(0, 4), (4, 25), (29, 25), (30, 6)]
+    assert plans[0] == [(0, 4), (0, 25), (0, 25), (0, 6)]
 
 
-def test_reference_codes_are_the_first_chunks_context():
-    ref = codes(100, 2)
-    stream = CodecStream(3, 25, 72, ref)
-    stream.pending.extend(codes(3, 3))
-    ctx, new = stream.take_chunk()
-    assert np.array_equal(ctx, ref[-72:]) and len(new) == 3
+def test_a_stream_without_a_slot_waits():
+    stream = new_stream()
+    stream.pending.extend(codes(10, 2))
+    assert stream.due() and not stream.ready()
 
 
-def test_chunked_decode_with_full_context_equals_one_shot(runner):
-    frames = codes(12, 4)
-    whole = runner.decode([(frames[:0], frames)])[0]
-    stream = CodecStream(2, 4, 100, frames[:0])
+def test_reference_codes_prime_the_first_chunk_only():
+    ref = codes(30, 2)
+    stream = new_stream(3, 25, prime=ref)
+    stream.slot = 1
+    stream.pending.extend(codes(30, 3))
+    first, second = stream.take_chunk(), stream.take_chunk()
+    assert (first.slot, first.first, first.skip) == (1, True, 30) and np.array_equal(first.codes[:30], ref)
+    assert len(first.codes) == 33
+    assert (second.first, second.skip, len(second.codes)) == (False, 0, 25)
+
+
+def test_slots_are_assigned_until_the_pool_is_full_and_come_back(runner):
+    streams = [new_stream() for _ in range(4)]
+    assert [runner.assign(s) for s in streams] == [True, True, True, False]
+    assert sorted(s.slot for s in streams[:3]) == [0, 1, 2] and runner.free_slots == 0
+    runner.release(streams[1])
+    assert streams[1].slot is None and runner.assign(streams[3]) and runner.free_slots == 0
+
+
+def stream_through(runner, stream, frames):
+    """Decode a stream alone through the runner; returns its audio."""
+    runner.assign(stream)
     stream.pending.extend(frames)
     stream.finished = True
     pieces = []
     while stream.ready():
         pieces.append(runner.decode([stream.take_chunk()])[0])
-    assert len(pieces) == 4
-    assert np.abs(np.concatenate(pieces) - whole).max() < 1e-4
+    runner.release(stream)
+    return np.concatenate(pieces)
 
 
-def test_batched_rows_of_different_context_and_length_equal_single_rows(runner):
-    chunks = [(codes(0, 5), codes(2, 6)), (codes(9, 7), codes(5, 8)), (codes(4, 9), codes(3, 10))]
-    batched = runner.decode(chunks)
-    for chunk, got in zip(chunks, batched):
-        alone = runner.decode([chunk])[0]
-        assert got.shape == (len(chunk[1]) * 1920,) and np.abs(got - alone).max() < 1e-4
+def test_chunked_decode_equals_one_shot_past_the_window(runner, decoder):
+    frames = codes(90, 4)  # > 72 frames: the carried attention window slides
+    audio = stream_through(runner, new_stream(2, 25), frames)
+    assert np.abs(audio - one_shot(decoder, frames)).max() < 1e-4
+
+
+def test_primed_stream_equals_one_shot_of_reference_and_generated(runner, decoder):
+    ref, gen = codes(20, 5), codes(30, 6)
+    audio = stream_through(runner, new_stream(4, 25, prime=ref), gen)
+    assert audio.shape == (30 * SPF,)
+    assert np.abs(audio - one_shot(decoder, np.concatenate([ref, gen]))[20 * SPF:]).max() < 1e-4
+
+
+def test_batched_streams_at_different_positions_equal_one_shot(runner, decoder):
+    """Three streams fed and decoded together in shared steps: different slots, chunk sizes, starts and a
+    primed first chunk (decoded in its own step) in the same call."""
+    data = [codes(31, 7), codes(12, 8), codes(20, 9)]
+    streams = [new_stream(2, 5), new_stream(3, 4, prime=codes(6, 10)), new_stream(4, 25)]
+    audio = [[] for _ in streams]
+    fed = [0, 0, 0]
+    starts = [0, 2, 4]  # step at which each stream's frames begin to arrive
+    for step in range(40):
+        for i, (s, d) in enumerate(zip(streams, data)):
+            if step >= starts[i] and fed[i] < len(d):
+                s.pending.extend(d[fed[i]:fed[i] + 3])
+                fed[i] = min(fed[i] + 3, len(d))
+                s.finished = fed[i] == len(d)
+            if s.due():
+                runner.assign(s)
+        ready = [i for i, s in enumerate(streams) if s.ready()]
+        if ready:
+            for i, wav in zip(ready, runner.decode([streams[i].take_chunk() for i in ready])):
+                audio[i].append(wav)
+    assert all(s.done for s in streams)
+    for i, (s, d) in enumerate(zip(streams, data)):
+        whole = np.concatenate([s.prime_codes, d])
+        expected = one_shot(decoder, whole)[len(s.prime_codes) * SPF:]
+        assert np.abs(np.concatenate(audio[i]) - expected).max() < 1e-4, i
+
+
+def test_a_reused_slot_starts_afresh(runner, decoder):
+    stream_through(runner, new_stream(), codes(9, 11))
+    frames = codes(9, 12)
+    assert np.abs(stream_through(runner, new_stream(2, 3), frames) - one_shot(decoder, frames)).max() < 1e-4

@@ -1,10 +1,15 @@
-"""Stage 1: codes -> audio, chunk by chunk, batched across requests.
+"""Stage 1: codes -> audio, chunk by chunk, batched across requests, each frame decoded once.
 
 Chunk boundaries depend only on frame indices (a small first chunk, then `chunk_frames`), never on timing,
 so a stream's audio is the same however the talker and codec interleave, and a non-streamed response
-(built from the same chunks) equals the concatenated stream. Each chunk re-decodes up to
-`left_context_frames` earlier frames as context, so chunk boundaries are seamless; for in-context voice
-cloning the reference codes are that context for the first chunk.
+(built from the same chunks) equals the concatenated stream. Every stream holds a slot of the codec's
+incremental decoder (serving/model/codec_stream.py), which carries each layer's state from chunk to chunk:
+the chunks together equal the one-shot decode of the stream. For in-context voice cloning, the last
+reference codes (at most --left-context-frames of them) are decoded with the first chunk to prime the state,
+and their samples are dropped, as the official pipeline cuts the waveform of the reference prefix.
+
+Slots are taken in arrival order when a stream's first chunk is due and given back when it retires; when all
+are taken a stream waits (its frames keep arriving) until one frees, so the pool bounds memory, not streams.
 """
 
 from __future__ import annotations
@@ -14,6 +19,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from serving.model.codec_stream import IncrementalCodecDecoder
+
+
+@dataclass(frozen=True)
+class CodecChunk:
+    slot: int
+    codes: np.ndarray  # (skip + n, Q): priming codes, then the chunk's new frames
+    first: bool  # starts the stream: the slot's state is discarded
+    skip: int  # leading frames (priming codes) whose samples are dropped
+
 
 @dataclass
 class CodecStream:
@@ -21,29 +36,32 @@ class CodecStream:
 
     first_chunk_frames: int
     chunk_frames: int
-    left_context_frames: int
-    context_codes: np.ndarray  # (n, Q) frames before the next chunk: reference codes, then generated ones
+    prime_codes: np.ndarray  # (n, Q) reference codes decoded before the first frame (ICL), samples dropped
     pending: list[np.ndarray] = field(default_factory=list)  # generated frames not yet decoded, each (Q,)
     decoded_frames: int = 0
     finished: bool = False  # the talker will add no more frames
+    slot: int | None = None  # its state in the codec's pool, from its first chunk until it retires
 
     def next_chunk_size(self) -> int:
         return self.first_chunk_frames if self.decoded_frames == 0 else self.chunk_frames
 
-    def ready(self) -> bool:
+    def due(self) -> bool:
+        """Enough frames for the next chunk (or the last ones)."""
         return len(self.pending) >= self.next_chunk_size() or (self.finished and bool(self.pending))
 
-    def take_chunk(self) -> tuple[np.ndarray, np.ndarray]:
-        """(context (c, Q), new (n, Q)) for the next chunk; advances the stream."""
+    def ready(self) -> bool:
+        return self.slot is not None and self.due()
+
+    def take_chunk(self) -> CodecChunk:
+        """The next chunk (the first one carries the priming codes); advances the stream."""
         n = min(self.next_chunk_size(), len(self.pending))
         new = np.stack(self.pending[:n])
         del self.pending[:n]
-        context = self.context_codes[len(self.context_codes) - min(self.left_context_frames,
-                                                                   len(self.context_codes)):]
-        keep = np.concatenate([context, new])[-self.left_context_frames:] if self.left_context_frames else new[:0]
-        self.context_codes = keep
+        first = self.decoded_frames == 0
         self.decoded_frames += n
-        return context, new
+        if first and len(self.prime_codes):
+            return CodecChunk(self.slot, np.concatenate([self.prime_codes, new]), True, len(self.prime_codes))
+        return CodecChunk(self.slot, new, first, 0)
 
     @property
     def done(self) -> bool:
@@ -51,34 +69,55 @@ class CodecStream:
 
 
 class CodecRunner:
-    """Decodes a batch of chunks in one forward pass on the codec's device.
+    """The codec's state pool and the batched decode of chunks on the codec's device.
 
-    Rows differ in context length (left-padded, masked by the decoder) and in new frames (right-padded:
-    the decoder is causal, so padding after a row's frames never changes that row's samples).
+    Rows of one step differ in slot, position and length (right-padded; the decoder is causal). Chunks that
+    carry priming codes are decoded in a step of their own, so their length does not pad every other row.
     """
 
-    def __init__(self, decoder: torch.nn.Module, device: torch.device, num_quantizers: int):
-        self.decoder = decoder
+    def __init__(self, decoder: torch.nn.Module, device: torch.device, num_quantizers: int, num_slots: int):
+        self.pool = IncrementalCodecDecoder(decoder, num_slots)
         self.device = device
         self.num_quantizers = num_quantizers
         self.samples_per_frame = decoder.samples_per_frame
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def num_slots(self) -> int:
+        return self.pool.num_slots
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def assign(self, stream: CodecStream) -> bool:
+        """Give the stream a slot if one is free (called on the event loop, like release)."""
+        if stream.slot is None and self._free:
+            stream.slot = self._free.pop()
+        return stream.slot is not None
+
+    def release(self, stream: CodecStream) -> None:
+        if stream.slot is not None:
+            self._free.append(stream.slot)
+            stream.slot = None
 
     @torch.inference_mode()
-    def decode(self, chunks: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
-        """[(context, new), ...] -> one float32 waveform per chunk, len(new) * samples_per_frame samples."""
-        max_ctx = max(len(c) for c, _ in chunks)
-        max_new = max(len(n) for _, n in chunks)
-        codes = np.zeros((len(chunks), max_ctx + max_new, self.num_quantizers), dtype=np.int64)
-        for i, (ctx, new) in enumerate(chunks):
-            row = np.concatenate([ctx, new])
-            codes[i, max_ctx - len(ctx): max_ctx + len(new)] = row
-        context_b = torch.tensor([len(c) for c, _ in chunks], dtype=torch.long)
-        codes_t = torch.from_numpy(codes).to(self.device)
-        wav = self.decoder.decode_chunk(codes_t, context_b).float().cpu().numpy()
-        return [wav[i, : len(new) * self.samples_per_frame] for i, (_, new) in enumerate(chunks)]
+    def decode(self, chunks: list[CodecChunk]) -> list[np.ndarray]:
+        """One float32 waveform per chunk: its new frames' samples (priming samples dropped)."""
+        out: list[np.ndarray | None] = [None] * len(chunks)
+        for priming in (False, True):
+            group = [i for i, c in enumerate(chunks) if (c.skip > 0) == priming]
+            if not group:
+                continue
+            wavs = self.pool.decode([(chunks[i].slot, torch.from_numpy(chunks[i].codes), chunks[i].first)
+                                     for i in group])
+            for i, wav in zip(group, wavs):
+                out[i] = wav[chunks[i].skip * self.samples_per_frame:].float().cpu().numpy()
+        return out
 
     def warmup(self, frame_counts: tuple[int, ...]) -> None:
-        """Decode silence at the chunk sizes streams use (allocations, kernel selection)."""
+        """Decode silence at the chunk sizes streams use (allocations, kernel selection); every stream starts
+        its slot afresh, so what this leaves in slot 0 is never heard."""
         for frames in frame_counts:
             zeros = np.zeros((frames, self.num_quantizers), dtype=np.int64)
-            self.decode([(zeros[:0], zeros)])
+            self.decode([CodecChunk(0, zeros, True, 0)])

@@ -39,7 +39,7 @@ class EngineConfig:
     max_model_len: int = 4096  # prompt + generated frames per request (the KV slot's length)
     chunk_frames: int = 25
     first_chunk_frames: int = 4
-    left_context_frames: int = 72
+    left_context_frames: int = 72  # voice clone: last reference frames that prime the codec's state (all: exact)
     max_codec_batch: int = 16
     enforce_eager: bool = False  # no CUDA graphs (a CPU never uses them)
     compile: bool | None = None  # torch.compile the layers before capture; None: when graphs are captured
@@ -278,8 +278,8 @@ class Engine:
             context, stream.max_frames = result
             stream.codec = CodecStream(
                 first_chunk_frames=stream.request.first_chunk_frames or self.config.first_chunk_frames,
-                chunk_frames=self.config.chunk_frames, left_context_frames=self.config.left_context_frames,
-                context_codes=context)
+                chunk_frames=self.config.chunk_frames,
+                prime_codes=context[len(context) - min(self.config.left_context_frames, len(context)):])
             self._codec_streams.append(stream)
 
     def _drop_cancelled(self) -> None:
@@ -300,6 +300,7 @@ class Engine:
         self._release(stream)
         if stream in self._codec_streams:
             self._codec_streams.remove(stream)
+            self.codec.release(stream.codec)
         stream.queue.put_nowait(error)
 
     # --- stage 1: codec ----------------------------------------------------------------------------------
@@ -307,6 +308,9 @@ class Engine:
         loop = asyncio.get_running_loop()
         while not self._stopping:
             self._codec_streams = [s for s in self._codec_streams if not self._retire(s)]
+            for stream in self._codec_streams:  # slots in arrival order, as first chunks come due
+                if stream.codec.slot is None and stream.codec.due() and not self.codec.assign(stream.codec):
+                    break
             ready = [s for s in self._codec_streams if s.codec.ready() and not s.cancelled]
             if not ready:
                 self._wake_codec.clear()
@@ -326,11 +330,14 @@ class Engine:
                     stream.queue.put_nowait(wav)
 
     def _retire(self, stream: RequestStream) -> bool:
-        """A stream leaves the codec stage once all its audio is out (or its client went away)."""
+        """A stream leaves the codec stage, and gives back its codec slot, once all its audio is out (or its
+        client went away)."""
         if stream.cancelled:
+            self.codec.release(stream.codec)
             return True
         if stream.codec.done:
             stream.queue.put_nowait(None)
             self._recent_e2e.append(time.monotonic() - stream.t_submit)
+            self.codec.release(stream.codec)
             return True
         return False

@@ -122,7 +122,9 @@ def load_stages(config):
                           max_graph_batch=config.max_graph_batch,
                           compile_layers=graphs if config.compile is None else config.compile,
                           ignore_eos=config.ignore_eos, length_policy=config.length_policy)
-    codec_runner = CodecRunner(decoder, codec_device, model_cfg.talker.num_code_groups)
+    # a codec slot per talker slot, and some for streams whose talker is done but whose audio is not yet out
+    codec_runner = CodecRunner(decoder, codec_device, model_cfg.talker.num_code_groups,
+                               num_slots=num_slots + config.max_codec_batch)
     task_type = TASK_TYPES[model_cfg.tts_model_type]
     info = EngineInfo(
         model_name=config.model_name or path.name,
@@ -135,6 +137,7 @@ def load_stages(config):
         chunk_frames=config.chunk_frames,
         num_slots=num_slots,
     )
-    log.info("loaded %s (%s) on %s/%s, %s; %d KV slots, buckets %s", path, task_type, talker_device, codec_device,
-             dtype, num_slots, list(buckets))
+    log.info("loaded %s (%s) on %s/%s, %s; %d KV slots, buckets %s; codec state %d slots x %.1f MB", path, task_type,
+             talker_device, codec_device, dtype, num_slots, list(buckets), codec_runner.num_slots,
+             codec_runner.pool.state_bytes_per_slot / 2**20)
     return runner, codec_runner, info

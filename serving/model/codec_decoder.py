@@ -422,7 +422,10 @@ class CodecDecoder(nn.Module):
         return wav.clamp(min=-1, max=1)[:, 0, :]
 
     def decode_chunk(self, codes_btq: torch.Tensor, context_frames: int | torch.Tensor) -> torch.Tensor:
-        """Streaming step: decode frames that follow already-decoded ones, return only the new samples.
+        """Stateless streaming step: re-decode earlier frames as context, return only the new samples.
+
+        Superseded for serving by codec_stream.IncrementalCodecDecoder, which decodes each frame once and is
+        exact; this remains for `decode` (the official offline windows) and the model's reference stream().
 
         codes (B, T, Q): each row is [left padding | context frames | new frames], all rows with the same number
         of new frames N = T - max(context). context_frames: int (same for all rows) or (B,) ints <= T.
