@@ -312,7 +312,7 @@ def serve(
     max_model_len: int = typer.Option(4096, min=16, help="Prompt + generated frames one request may reach (the length of a KV slot)."),
     chunk_frames: int = typer.Option(25, min=1, help="Frames per streamed audio chunk after the first."),
     first_chunk_frames: int = typer.Option(4, min=1, help="Frames of the first chunk (small: first audio sooner)."),
-    left_context_frames: int = typer.Option(72, min=0, help="Earlier frames re-decoded as context of each chunk (seamless boundaries)."),
+    left_context_frames: int = typer.Option(72, min=0, help="Voice clone: last reference frames that prime the codec's state (chunks carry state; none is re-decoded)."),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0 for all)."),
     port: int = typer.Option(8091, min=0, max=65535, help="Port to listen on."),
     api_key: Optional[str] = typer.Option(None, envvar="TTSBENCH_API_KEY", help="Require 'Authorization: Bearer <key>' on /v1/*."),
