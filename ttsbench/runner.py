@@ -14,7 +14,6 @@ import platform
 import random
 import socket
 import sys
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import ttsbench
 from ttsbench import datasets, decode, metrics
 from ttsbench.client import SpeechClient
 from ttsbench.loadgen import Level, run_level
+from ttsbench.recorder import Recorder, RecordSettings
 from ttsbench.requests import RequestBuilder, RequestOptions, SpeechRequest
 from ttsbench.storage import RunDir, utc_now
 
@@ -143,8 +143,9 @@ class _Session:
     """One `ttsbench run` (or `--resume`) invocation against a run directory."""
 
     def __init__(self, run: RunDir, config: RunConfig, base_url: str, api_key: str | None,
-                 console: Console, session: int):
+                 console: Console, session: int, recorder: Recorder):
         self.run, self.config, self.console, self.session = run, config, console, session
+        self.recorder = recorder
         self.client = SpeechClient(base_url, api_key, config.timeout)
         records = run.records()
         self.done_ids = {r["id"] for r in records}
@@ -156,10 +157,8 @@ class _Session:
         self.progress: Progress | None = None
         self.failed: dict[int, int] = {}  # progress bar -> failed requests
 
-    def _record(self, cell: _Cell, job: _Job, req: SpeechRequest, dec, figures) -> dict:
-        audio_path = None
-        if self.config.save_audio and dec.data:
-            audio_path = self.run.save_audio(job.id, dec.wav_bytes())
+    def _template(self, cell: _Cell, job: _Job, req: SpeechRequest) -> dict:
+        """The record's fields that say what was asked; the recorder adds what came back."""
         level = cell.level
         return {
             "id": job.id, "item_id": req.item.id, "task": cell.builder.task, "set": cell.set_name,
@@ -168,28 +167,20 @@ class _Session:
             "ref_audio_path": req.ref_audio_path, "ref_text": req.ref_text,
             "mode": level.mode, "level": level.name, "concurrency": level.concurrency,
             "rate": level.rate, "warmup": job.warmup, "stream": self.config.request.stream,
-            "session": self.session, **figures, "audio_path": audio_path,
+            "session": self.session,
         }
 
     async def _send(self, cell: _Cell, job: _Job) -> None:
         # Built here rather than up front: a clone body carries its reference clip (~0.3 MB).
         req = cell.builder.build(job.item, job.index)
         raw = await self.client.speech(req.body)
-        self.run.background(self._finish, cell, job, req, raw)
 
-    def _finish(self, cell: _Cell, job: _Job, req: SpeechRequest, raw) -> None:
-        """Decode, measure, save and record a completed request (on the run's worker thread)."""
-        try:
-            dec = decode.decode(raw, self.config.pcm_sample_rate)
-            figures = metrics.request_figures(raw, dec, self.config.playback_buffer_ms / 1000.0)
-            record = self._record(cell, job, req, dec, figures)
-        except Exception:  # a harness bug must cost one record, not the run
-            dec = decode.Decoded(error="other", error_detail="harness: " + traceback.format_exc(limit=3))
-            record = self._record(cell, job, req, dec, metrics.request_figures(raw, dec))
-        self.run.append(record)
-        if not job.warmup:
-            self.failed[cell.bar] += not record["ok"]
-            self.progress.update(cell.bar, advance=1, failed=self.failed[cell.bar])
+        def recorded(ok: bool) -> None:  # on the recorder's callback thread
+            if not job.warmup:
+                self.failed[cell.bar] += not ok
+                self.progress.update(cell.bar, advance=1, failed=self.failed[cell.bar])
+
+        self.recorder.submit(self._template(cell, job, req), raw, recorded)
 
     async def _cell(self, builder: RequestBuilder, set_name: str, order: list, level: Level) -> None:
         cfg = self.config
@@ -247,23 +238,18 @@ async def _probe(base_url: str, api_key: str | None) -> dict:
 def _run_session(run: RunDir, config: RunConfig, sets, base_url: str, api_key: str | None,
                  console: Console, session: int) -> list[dict]:
     """Run the planned cells; on any end, including Ctrl-C, write the summary of what completed."""
-    sess = _Session(run, config, base_url, api_key, console, session)
+    recorder = Recorder(run, RecordSettings(config.pcm_sample_rate, config.playback_buffer_ms / 1000.0,
+                                            config.save_audio))
+    sess = _Session(run, config, base_url, api_key, console, session, recorder)
 
     async def main() -> None:
         async with sess.client:
             await sess.execute(sets)
 
-    # While the worker thread decodes and writes, the event loop must get the GIL back within a
-    # fraction of a millisecond when a chunk arrives (the default switch interval is 5 ms).
-    switch_interval = sys.getswitchinterval()
-    sys.setswitchinterval(0.0005)
     try:
         asyncio.run(main())
     finally:
-        try:
-            run.close()
-        finally:
-            sys.setswitchinterval(switch_interval)
+        recorder.close()
         rows = run.write_summary(config.slo)
     info = run.run_info()
     info["finished_at"] = utc_now()

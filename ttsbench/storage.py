@@ -1,9 +1,8 @@
 """The run directory (docs/run-format.md): run.json, requests.jsonl, summary.json/.csv, audio/.
 
 requests.jsonl is appended and flushed one line per completed request, so an interrupted run loses
-nothing that finished; `--resume` reads it back to continue. `background` runs work (decoding,
-statistics, these writes) on one thread, in order: on the event loop, opening and writing files can
-stall for milliseconds and would delay the arrival stamps of every other stream.
+nothing that finished; `--resume` reads it back to continue. During a run, records and audio are
+written by the recorder's process (ttsbench/recorder.py), never on the timing event loop.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import datetime as dt
 import json
 import os
 import warnings
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ttsbench import metrics
@@ -45,8 +43,6 @@ class RunDir:
     def __init__(self, path: Path):
         self.path = Path(path)
         self._requests = None
-        self._writer: ThreadPoolExecutor | None = None
-        self._write_error: BaseException | None = None
 
     @classmethod
     def create(cls, path: Path, run_info: dict) -> "RunDir":
@@ -90,16 +86,6 @@ class RunDir:
                     warnings.warn(f"{path}:{lineno}: skipping an incomplete record")
         return out
 
-    def background(self, fn, *args) -> None:
-        """Run fn(*args) on the run's worker thread, after everything queued before it."""
-        if self._writer is None:
-            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ttsbench-writer")
-        self._writer.submit(fn, *args).add_done_callback(self._note_error)
-
-    def _note_error(self, future: Future) -> None:
-        if future.exception() is not None and self._write_error is None:
-            self._write_error = future.exception()
-
     def append(self, record: dict) -> None:
         """Append one record line and flush it."""
         line = json.dumps(record, ensure_ascii=False) + "\n"
@@ -112,16 +98,9 @@ class RunDir:
         self._requests.flush()
 
     def close(self) -> None:
-        """Wait for the queued background work; raise the first failure (e.g. a full disk)."""
-        if self._writer is not None:
-            self._writer.shutdown(wait=True)
-            self._writer = None
         if self._requests is not None:
             self._requests.close()
             self._requests = None
-        if self._write_error is not None:
-            error, self._write_error = self._write_error, None
-            raise OSError(f"writing to {self.path} failed: {error}") from error
 
     # audio/
     def save_audio(self, request_id: str, wav: bytes) -> str:
