@@ -154,23 +154,23 @@ class IncrementalCodecDecoder:
 
     def decode(self, chunks: list[tuple[int, torch.Tensor, bool]]) -> list[torch.Tensor]:
         """Eager convenience over step(): [(slot, codes (n, Q), first), ...] -> each chunk's waveform
-        (n * samples_per_frame,) on the decoder's device. Checks slots and codes (a host sync; step() has none)."""
+        (n * samples_per_frame,) on the decoder's device. The batch is checked and assembled on the host (codes
+        given on a device are read back) and sent in one copy per input."""
         if not chunks:
             return []
         slots = [slot for slot, _, _ in chunks]
         if len(set(slots)) != len(slots) or not all(0 <= s < self.num_slots for s in slots):
             raise ValueError(f"slots must be distinct and in [0, {self.num_slots}), got {slots}")
-        device = self.history.device
-        rows = [torch.as_tensor(codes, device=device) for _, codes, _ in chunks]
+        rows = [torch.as_tensor(codes, device="cpu") for _, codes, _ in chunks]
         for r in rows:
             self.decoder.check_codes(r[None])
         lengths = [len(r) for r in rows]
         if min(lengths) < 1:
             raise ValueError(f"every chunk needs at least one frame, got lengths {lengths}")
-        batch = torch.zeros((len(rows), max(lengths), self.decoder.config.num_quantizers), dtype=torch.long,
-                            device=device)
+        batch = torch.zeros((len(rows), max(lengths), self.decoder.config.num_quantizers), dtype=torch.long)
         for i, r in enumerate(rows):
             batch[i, : len(r)] = r
-        wav = self.step(batch, torch.tensor(slots, device=device), torch.tensor(lengths, device=device),
+        device = self.history.device
+        wav = self.step(batch.to(device), torch.tensor(slots, device=device), torch.tensor(lengths, device=device),
                         torch.tensor([first for _, _, first in chunks], device=device))
         return [wav[i, : n * self.samples_per_frame] for i, n in enumerate(lengths)]
