@@ -11,8 +11,9 @@ over the level's wall time, and per chunk), which does not depend on what else t
     .venv/bin/python benchmarks/client_capacity.py                      # N = 16 .. 1024, stops past 2 ms
     .venv/bin/python benchmarks/client_capacity.py --levels 64,128 --chunk-ms 40 --no-save-audio
 
-The error includes the operating system's scheduling delay: on a machine shared with other work,
-record the load average printed with the result.
+The error includes the operating system's scheduling delay. An idle probe process measures that
+delay meanwhile (tests/sched_noise.py), and "sustained beyond noise" is the largest N whose p99 error
+stays within 2 ms plus the probe's p99: the client's own share. On a shared machine, record both.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.sched_noise import SchedulingNoise  # noqa: E402
 from tests.scripted_server import running  # noqa: E402
 from ttsbench import runner  # noqa: E402
 from ttsbench.loadgen import Level  # noqa: E402
@@ -79,7 +81,8 @@ def measure(n: int, args, workdir: Path) -> dict:
                                   save_audio=args.save_audio)
         out = workdir / f"run-{n}"
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        runner.start_run(out, config, srv.url, None, ["benchmark"], Console(file=io.StringIO()))
+        with SchedulingNoise() as noise:
+            runner.start_run(out, config, srv.url, None, ["benchmark"], Console(file=io.StringIO()))
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         records = RunDir.open(out).records()
         truth = srv.entries([r["text"] for r in records if r["ok"]])
@@ -90,6 +93,7 @@ def measure(n: int, args, workdir: Path) -> dict:
         "chunk_err_p50_ms": float(np.percentile(chunk_err, 50)), "chunk_err_p99_ms": float(np.percentile(chunk_err, 99)),
         "chunk_err_max_ms": float(np.max(chunk_err)),
         "ttfab_err_p99_ms": float(np.percentile(ttfab_err, 99)), "e2e_err_p99_ms": float(np.percentile(e2e_err, 99)),
+        "noise_p99_ms": noise.p99_ms, "noise_max_ms": noise.max_ms,
         "chunks_per_s": n * 1000.0 / args.chunk_ms, "client_cpu_share": cpu / wall,
         "client_cpu_us_per_chunk": cpu / len(chunk_err) * 1e6,
         "loadavg_1m": round(max(load_before, os.getloadavg()[0]), 2),
@@ -112,17 +116,20 @@ def main() -> None:
     console.print(f"client capacity: {os.cpu_count()} CPUs, {platform.platform()}, "
                   f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC; chunk every {args.chunk_ms} ms, "
                   f"{args.chunks} chunks of {args.chunk_bytes} B per stream, save audio {args.save_audio}")
-    sustained = None
+    sustained = beyond_noise = None
     with tempfile.TemporaryDirectory(prefix="ttsbench-capacity-") as tmp:
         for n in (int(v) for v in args.levels.split(",")):
             res = measure(n, args, Path(tmp))
             console.print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()}))
-            within = res["chunk_err_p99_ms"] <= LIMIT_MS and res["failed"] == 0
-            if within:
+            ok = res["failed"] == 0
+            if ok and res["chunk_err_p99_ms"] <= LIMIT_MS:
                 sustained = n
+            if ok and res["chunk_err_p99_ms"] <= LIMIT_MS + res["noise_p99_ms"]:
+                beyond_noise = n
             elif not args.keep_going:
                 break
-    console.print(f"sustained: {sustained} concurrent streams with p99 chunk timing error <= {LIMIT_MS} ms")
+    console.print(f"sustained: {sustained} concurrent streams with p99 chunk timing error <= {LIMIT_MS} ms; "
+                  f"{beyond_noise} with p99 <= {LIMIT_MS} ms beyond the machine's p99 scheduling delay")
 
 
 if __name__ == "__main__":

@@ -246,9 +246,14 @@ def _run_session(run: RunDir, config: RunConfig, sets, base_url: str, api_key: s
         async with sess.client:
             await sess.execute(sets)
 
+    # The recorder's feeder and callback threads and the progress display share the GIL with the event
+    # loop; a short switch interval (default 5 ms) hands it back to the loop soon after a chunk arrives.
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
     try:
         asyncio.run(main())
     finally:
+        sys.setswitchinterval(switch_interval)
         recorder.close()
         rows = run.write_summary(config.slo)
     info = run.run_info()
