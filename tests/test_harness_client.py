@@ -137,3 +137,14 @@ def test_wav_header_split_over_reads_and_zero_sizes():
     dec = decode.decode(_raw({"content-type": "audio/wav"}, pieces))
     assert dec.error is None and dec.sample_rate == 16000 and dec.audio_s == pytest.approx(960 / 32000)
     assert [c[:2] for c in dec.chunks] == [(0.2, 320), (0.3, 640)]
+
+
+def test_sse_with_crlf_framing_split_across_reads():
+    import base64
+    from tests.scripted_server import _pcm
+    event = (b"event: speech.audio.delta\r\ndata: " +
+             json.dumps({"type": "speech.audio.delta", "audio": base64.b64encode(_pcm(960, 0)).decode()}).encode() +
+             b"\r\n\r\n" + b'data: {"type": "speech.audio.done"}\r\n\r\n')
+    cut = event.index(b"\r\n\r\n") + 1  # between the \r and the \n that end the first event
+    dec = decode.decode(_raw({"content-type": "text/event-stream; charset=utf-8"}, [(0.1, event[:cut]), (0.2, event[cut:])]))
+    assert dec.error is None and dec.n_bytes == 960 and [c[:2] for c in dec.chunks] == [(0.2, 960)]

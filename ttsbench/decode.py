@@ -186,7 +186,9 @@ def _sse_events(raw: RawResponse) -> tuple[list[tuple[float, bytes]], bool]:
     An event counts at the arrival of the read that completed it."""
     pieces, done, buf = [], False, b""
     for t, data in raw.chunks:
-        buf += data.replace(b"\r\n", b"\n") if b"\r" in data else data
+        buf += data
+        if b"\r" in buf:  # CRLF framing, possibly split across reads
+            buf = buf.replace(b"\r\n", b"\n")
         while b"\n\n" in buf:
             event, buf = buf.split(b"\n\n", 1)
             lines = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
