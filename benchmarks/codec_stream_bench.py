@@ -9,7 +9,7 @@ decoded chunk by chunk as the engine streams it (a first chunk of `--first-chunk
 The two alternate chunk by chunk, so machine load hits both alike; each chunk's time is the median over
 `--repeats` runs of the whole stream. The incremental output equals the one-shot decode, so the table also
 gives how far the L-frame re-decode is from it (max abs sample difference), which grows once a stream is
-longer than L frames.
+longer than L frames. A second table times priming a stream with `--reference` voice-clone codes.
 
     .venv/bin/python benchmarks/codec_stream_bench.py                    # CPU, fp32, 4 then 25, L = 72
     .venv/bin/python benchmarks/codec_stream_bench.py --device cuda --dtype bfloat16 --batch 8 --repeats 5
@@ -45,6 +45,8 @@ def main() -> None:
     parser.add_argument("--first-chunk", type=int, default=4)
     parser.add_argument("--chunk", type=int, default=25)
     parser.add_argument("--left-context", type=int, default=72, help="frames re-decoded before each chunk")
+    parser.add_argument("--reference", type=int, default=72,
+                        help="voice-clone reference frames that prime a stream (0: skip that measurement)")
     parser.add_argument("--batch", type=int, default=1, help="identical-schedule streams decoded together")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--device", default="cpu")
@@ -107,6 +109,32 @@ def main() -> None:
     ms = {name: 1000 * t / (args.frames * b) for name, t in total.items()}
     print(f"| whole stream ({args.frames}) | {sum(e - cs for cs, _, e in plan)} | {ms['re-decode']:.1f} | "
           f"{ms['incremental']:.1f} | {ms['re-decode'] / ms['incremental']:.2f}x | |")
+    if args.reference:
+        print_priming(pool, codes, args)
+
+
+def print_priming(pool: IncrementalCodecDecoder, codes: torch.Tensor, args) -> None:
+    """A cloned stream starts from its reference codes: decoding them as a first chunk (samples dropped) vs
+    prime(), which runs the convolutions after the transformer over their last frames only."""
+    device = codes.device
+    refs = [(slot, codes[slot, : args.reference]) for slot in range(args.batch)]
+    ways = {"decode as first chunk": lambda: pool.decode([(slot, ref, True) for slot, ref in refs]),
+            "prime()": lambda: pool.prime(refs)}
+    times = {name: [] for name in ways}
+    for round_ in range(args.repeats + 1):  # round 0 warms up
+        for name, fn in ways.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            if round_:
+                times[name].append(time.perf_counter() - t0)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(f"\npriming {args.reference} reference frames x batch {args.batch} (vocoder over the last "
+          f"{pool.decoder.vocoder_receptive_frames} with prime()):")
+    print("| way | ms | ratio |\n|---|---|---|")
+    for name, t in med.items():
+        print(f"| {name} | {1000 * t:.0f} | {med['decode as first chunk'] / t:.2f}x |")
 
 
 if __name__ == "__main__":

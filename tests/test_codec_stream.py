@@ -122,14 +122,22 @@ def test_padding_rows_and_idle_rows_leave_state_untouched(small_window):
 
 
 def test_reference_codes_prime_the_state(real_window):
-    """Voice cloning: the reference codes decoded as a first chunk (samples discarded) make the generated
-    frames' samples those of the one-shot decode of [reference | generated]."""
+    """Voice cloning: after prime() with the reference codes (or decoding them as a first chunk and dropping
+    the samples), the generated frames' samples are those of the one-shot decode of [reference | generated].
+    prime() runs the vocoder over the last 10 frames only: a 30-frame reference tests the cut, a 6-frame one a
+    reference shorter than that, primed together in one batch."""
     spf = real_window.samples_per_frame
-    ref, gen = codes(30, 30), codes(29, 31)
-    pool = IncrementalCodecDecoder(real_window, num_slots=1)
-    pool.decode([(0, ref, True)])
-    streamed = stream(pool, 0, gen, [4, 25], fresh=False)
-    assert max_dev(streamed, one_shot(real_window, torch.cat([ref, gen]))[len(ref) * spf:]) < TOL
+    assert real_window.vocoder_receptive_frames == 10
+    refs, gen = {0: codes(30, 30), 1: codes(6, 32)}, codes(29, 31)
+    primed = IncrementalCodecDecoder(real_window, num_slots=2)
+    primed.prime([(1, refs[1]), (0, refs[0])])
+    first_chunk = IncrementalCodecDecoder(real_window, num_slots=2)
+    for slot, ref in refs.items():
+        first_chunk.decode([(slot, ref, True)])
+    for slot, ref in refs.items():
+        expected = one_shot(real_window, torch.cat([ref, gen]))[len(ref) * spf:]
+        for pool in (primed, first_chunk):
+            assert max_dev(stream(pool, slot, gen, [4, 25], fresh=False), expected) < TOL, slot
 
 
 def test_a_restarted_slot_forgets_its_previous_stream(small_window):

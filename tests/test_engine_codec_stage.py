@@ -39,7 +39,7 @@ def new_stream(first=4, chunk=25, prime=None):
 
 
 def drain(stream, frames, feed_sizes):
-    """Feed `frames` in bursts of the given sizes, taking chunks whenever ready: returns (skip, new) per chunk."""
+    """Feed `frames` in bursts of the given sizes, taking chunks whenever ready: returns (first, new) per chunk."""
     out, i = [], 0
     stream.slot = 0
     for size in feed_sizes:
@@ -49,7 +49,7 @@ def drain(stream, frames, feed_sizes):
             stream.finished = True
         while stream.ready():
             chunk = stream.take_chunk()
-            out.append((chunk.skip, len(chunk.codes) - chunk.skip))
+            out.append((chunk.first, len(chunk.codes)))
     assert stream.done
     return out
 
@@ -58,7 +58,7 @@ def test_chunk_boundaries_depend_on_frame_indices_not_arrival():
     frames = list(codes(60, 1))
     plans = [drain(new_stream(), frames, feed) for feed in ([1] * 60, [7] * 9, [60], [3, 50, 7])]
     assert all(p == plans[0] for p in plans)
-    assert plans[0] == [(0, 4), (0, 25), (0, 25), (0, 6)]
+    assert plans[0] == [(True, 4), (False, 25), (False, 25), (False, 6)]
 
 
 def test_a_stream_without_a_slot_waits():
@@ -73,9 +73,8 @@ def test_reference_codes_prime_the_first_chunk_only():
     stream.slot = 1
     stream.pending.extend(codes(30, 3))
     first, second = stream.take_chunk(), stream.take_chunk()
-    assert (first.slot, first.first, first.skip) == (1, True, 30) and np.array_equal(first.codes[:30], ref)
-    assert len(first.codes) == 33
-    assert (second.first, second.skip, len(second.codes)) == (False, 0, 25)
+    assert (first.slot, first.first, len(first.codes)) == (1, True, 3) and np.array_equal(first.prime, ref)
+    assert (second.first, second.prime, len(second.codes)) == (False, None, 25)
 
 
 def test_slots_are_assigned_until_the_pool_is_full_and_come_back(runner):
@@ -113,7 +112,7 @@ def test_primed_stream_equals_one_shot_of_reference_and_generated(runner, decode
 
 def test_batched_streams_at_different_positions_equal_one_shot(runner, decoder):
     """Three streams fed and decoded together in shared steps: different slots, chunk sizes, starts and a
-    primed first chunk (decoded in its own step) in the same call."""
+    primed first chunk in the same call."""
     data = [codes(31, 7), codes(12, 8), codes(20, 9)]
     streams = [new_stream(2, 5), new_stream(3, 4, prime=codes(6, 10)), new_stream(4, 25)]
     audio = [[] for _ in streams]

@@ -5,8 +5,8 @@ so a stream's audio is the same however the talker and codec interleave, and a n
 (built from the same chunks) equals the concatenated stream. Every stream holds a slot of the codec's
 incremental decoder (serving/model/codec_stream.py), which carries each layer's state from chunk to chunk:
 the chunks together equal the one-shot decode of the stream. For in-context voice cloning, the last
-reference codes (at most --left-context-frames of them) are decoded with the first chunk to prime the state,
-and their samples are dropped, as the official pipeline cuts the waveform of the reference prefix.
+reference codes (at most --left-context-frames of them) prime the state before the first chunk, unheard, as
+the official pipeline prepends them and cuts the waveform of the reference prefix.
 
 Slots are taken in arrival order when a stream's first chunk is due and given back when it retires; when all
 are taken a stream waits (its frames keep arriving) until one frees, so the pool bounds memory, not streams.
@@ -25,9 +25,9 @@ from serving.model.codec_stream import IncrementalCodecDecoder
 @dataclass(frozen=True)
 class CodecChunk:
     slot: int
-    codes: np.ndarray  # (skip + n, Q): priming codes, then the chunk's new frames
+    codes: np.ndarray  # (n, Q) the chunk's new frames
     first: bool  # starts the stream: the slot's state is discarded
-    skip: int  # leading frames (priming codes) whose samples are dropped
+    prime: np.ndarray | None = None  # (m, Q) reference codes that precede the first frame, not heard
 
 
 @dataclass
@@ -59,9 +59,7 @@ class CodecStream:
         del self.pending[:n]
         first = self.decoded_frames == 0
         self.decoded_frames += n
-        if first and len(self.prime_codes):
-            return CodecChunk(self.slot, np.concatenate([self.prime_codes, new]), True, len(self.prime_codes))
-        return CodecChunk(self.slot, new, first, 0)
+        return CodecChunk(self.slot, new, first, self.prime_codes if first and len(self.prime_codes) else None)
 
     @property
     def done(self) -> bool:
@@ -71,8 +69,9 @@ class CodecStream:
 class CodecRunner:
     """The codec's state pool and the batched decode of chunks on the codec's device.
 
-    Rows of one step differ in slot, position and length (right-padded; the decoder is causal). Chunks that
-    carry priming codes are decoded in a step of their own, so their length does not pad every other row.
+    Rows of one step differ in slot, position and length (right-padded; the decoder is causal). Priming codes
+    go through the pool's prime() first (the transformer over all of them, the vocoder over its receptive
+    field only), so a cloned stream's first chunk is an ordinary row.
     """
 
     def __init__(self, decoder: torch.nn.Module, device: torch.device, num_quantizers: int, num_slots: int):
@@ -103,21 +102,14 @@ class CodecRunner:
 
     @torch.inference_mode()
     def decode(self, chunks: list[CodecChunk]) -> list[np.ndarray]:
-        """One float32 waveform per chunk: its new frames' samples (priming samples dropped)."""
-        out: list[np.ndarray | None] = [None] * len(chunks)
-        for priming in (False, True):
-            group = [i for i, c in enumerate(chunks) if (c.skip > 0) == priming]
-            if not group:
-                continue
-            wavs = self.pool.decode([(chunks[i].slot, torch.from_numpy(chunks[i].codes), chunks[i].first)
-                                     for i in group])
-            for i, wav in zip(group, wavs):
-                out[i] = wav[chunks[i].skip * self.samples_per_frame:].float().cpu().numpy()
-        return out
+        """One float32 waveform per chunk: its new frames' samples."""
+        self.pool.prime([(c.slot, torch.from_numpy(c.prime)) for c in chunks if c.prime is not None])
+        wavs = self.pool.decode([(c.slot, torch.from_numpy(c.codes), c.first and c.prime is None) for c in chunks])
+        return [wav.float().cpu().numpy() for wav in wavs]
 
     def warmup(self, frame_counts: tuple[int, ...]) -> None:
         """Decode silence at the chunk sizes streams use (allocations, kernel selection); every stream starts
         its slot afresh, so what this leaves in slot 0 is never heard."""
         for frames in frame_counts:
             zeros = np.zeros((frames, self.num_quantizers), dtype=np.int64)
-            self.decode([CodecChunk(0, zeros, True, 0)])
+            self.decode([CodecChunk(0, zeros, True)])

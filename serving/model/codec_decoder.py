@@ -381,6 +381,13 @@ class CodecDecoder(nn.Module):
         codec, 8 x 71 of them through the transformer). A chunk decoded with at least this much left context (or all earlier
         frames) equals the one-shot decode; the usual 72-frame context is an approximation for deeper layers."""
         cfg = self.config
+        return self.vocoder_receptive_frames + cfg.num_hidden_layers * (cfg.sliding_window - 1) + 2  # pre_conv, k3
+
+    @property
+    def vocoder_receptive_frames(self) -> int:
+        """An upper bound on how many earlier frames of latents (the transformer's output) can influence a frame's
+        samples through the convolutions after it (10 for the released codec)."""
+        cfg = self.config
         span = 6  # final conv, kernel 7, at the sample rate
         for rate in reversed(cfg.upsample_rates):
             span += 6 * (1 + 3 + 9)  # residual units: kernel 7, dilations 1, 3, 9
@@ -389,8 +396,7 @@ class CodecDecoder(nn.Module):
         for ratio in reversed(cfg.upsampling_ratios):
             span += 6  # ConvNeXt depthwise conv, kernel 7
             span = math.ceil(span / ratio)  # transposed conv, kernel = stride
-        span += cfg.num_hidden_layers * (cfg.sliding_window - 1)
-        return span + 2  # pre_conv, kernel 3
+        return span
 
     def forward(self, codes_btq: torch.Tensor, left_pad_b: torch.Tensor | None = None) -> torch.Tensor:
         """codes (B, T, num_quantizers) int64 in [0, codebook_size) -> waveform (B, T * samples_per_frame).
@@ -407,9 +413,16 @@ class CodecDecoder(nn.Module):
     def run(self, codes_btq: torch.Tensor, frames: Frames) -> torch.Tensor:
         """The architecture, once: codes (B, T, Q) -> waveform (B, T * samples_per_frame), with what precedes
         the T frames given by `frames` (one-shot: nothing; codec_stream: each row's carried state)."""
+        return self.vocode(self.latents(codes_btq, frames), frames)
+
+    def latents(self, codes_btq: torch.Tensor, frames: Frames) -> torch.Tensor:
+        """The first half: codes (B, T, Q) -> latents (B, latent_dim, T), the transformer's output."""
         h = self.quantizer.decode(codes_btq)                                   # (B, codebook_dim, T)
         h = self.pre_conv(h, frames).transpose(1, 2)                            # (B, T, latent)
-        h = self.pre_transformer(h, frames).transpose(1, 2)                     # (B, latent, T)
+        return self.pre_transformer(h, frames).transpose(1, 2)                  # (B, latent, T)
+
+    def vocode(self, h: torch.Tensor, frames: Frames) -> torch.Tensor:
+        """The second half, where nearly all the work is: latents (B, latent_dim, T) -> waveform."""
         for trans_conv, convnext in self.upsample:
             h = trans_conv(h, frames)
             frames = frames.upsampled(trans_conv.conv.stride[0])

@@ -20,6 +20,9 @@ bucket use `scratch_slot` with 0 new frames.
 
 For in-context voice cloning the reference codes prime a slot: decode them as the stream's first chunk and
 discard those samples (what the official pipeline does when it prepends them and cuts the waveform prefix).
+`prime` reaches the same state for a fraction of the work: the transformer runs over every reference frame,
+the convolutions after it (nearly all the work) only over the last `vocoder_receptive_frames` of them, all
+that their final state depends on.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class StreamStep(Frames):
         distance_tm = (past + torch.arange(num_frames, device=device))[:, None] - keys[None, :]
         allowed_tm = (distance_tm >= 0) & (distance_tm < window)
         history_b = torch.where(self.first_b, 0, self.pool.history.index_select(0, self.slots_b))
+        self.updates[self.pool.history] = (history_b + self.new_frames_b).clamp(max=past)
         real_bm = keys[None, :] >= past - history_b[:, None]
         return (allowed_tm[None] & real_bm[:, None, :])[:, None]
 
@@ -92,9 +96,6 @@ class StreamStep(Frames):
         receives zeros, its rows having 0 new frames and a fresh start)."""
         for buffer, rows in self.updates.items():
             buffer.index_copy_(0, self.slots_b, rows)
-        history_b = torch.where(self.first_b, 0, self.pool.history.index_select(0, self.slots_b))
-        self.pool.history.index_copy_(0, self.slots_b,
-                                      (history_b + self.new_frames_b).clamp(max=self.pool.cache_frames))
 
 
 class IncrementalCodecDecoder:
@@ -154,14 +155,42 @@ class IncrementalCodecDecoder:
 
     def decode(self, chunks: list[tuple[int, torch.Tensor, bool]]) -> list[torch.Tensor]:
         """Eager convenience over step(): [(slot, codes (n, Q), first), ...] -> each chunk's waveform
-        (n * samples_per_frame,) on the decoder's device. The batch is checked and assembled on the host (codes
-        given on a device are read back) and sent in one copy per input."""
+        (n * samples_per_frame,) on the decoder's device."""
         if not chunks:
             return []
-        slots = [slot for slot, _, _ in chunks]
+        codes, slots, lengths = self._batch([(slot, codes) for slot, codes, _ in chunks])
+        first = torch.tensor([first for _, _, first in chunks], device=slots.device)
+        wav = self.step(codes, slots, lengths, first)
+        return [wav[i, : n * self.samples_per_frame] for i, n in enumerate(lengths.tolist())]
+
+    @torch.inference_mode()
+    def prime(self, chunks: list[tuple[int, torch.Tensor]]) -> None:
+        """Start each slot's stream with reference codes [(slot, codes (n, Q)), ...]: the state that decoding
+        them as a first chunk leaves, without their samples. The convolutions after the transformer run only
+        over each row's last vocoder_receptive_frames latents, from zero state: the samples of those frames
+        are inexact, but the state at their end depends on nothing earlier."""
+        if not chunks:
+            return
+        codes, slots, lengths = self._batch(chunks)
+        first = torch.ones_like(slots, dtype=torch.bool)
+        head = StreamStep(self, slots, lengths, first)
+        latents = self.decoder.latents(codes, head)                                   # (B, latent, T)
+        keep = min(self.decoder.vocoder_receptive_frames, latents.shape[-1])
+        start_b = (lengths - keep).clamp(min=0)
+        index = (start_b[:, None] + torch.arange(keep, device=slots.device)).clamp(max=latents.shape[-1] - 1)
+        tail = latents.gather(2, index[:, None, :].expand(-1, latents.shape[1], -1))  # right-padded past a row's end
+        tail_step = StreamStep(self, slots, lengths - start_b, first)
+        self.decoder.vocode(tail, tail_step)
+        head.commit()
+        tail_step.commit()
+
+    def _batch(self, chunks: list[tuple[int, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(codes (B, T, Q) right-padded, slots (B,), lengths (B,)) on the device, checked and assembled on the
+        host (codes given on a device are read back) and sent in one copy each."""
+        slots = [slot for slot, _ in chunks]
         if len(set(slots)) != len(slots) or not all(0 <= s < self.num_slots for s in slots):
             raise ValueError(f"slots must be distinct and in [0, {self.num_slots}), got {slots}")
-        rows = [torch.as_tensor(codes, device="cpu") for _, codes, _ in chunks]
+        rows = [torch.as_tensor(codes, device="cpu") for _, codes in chunks]
         for r in rows:
             self.decoder.check_codes(r[None])
         lengths = [len(r) for r in rows]
@@ -171,6 +200,4 @@ class IncrementalCodecDecoder:
         for i, r in enumerate(rows):
             batch[i, : len(r)] = r
         device = self.history.device
-        wav = self.step(batch.to(device), torch.tensor(slots, device=device), torch.tensor(lengths, device=device),
-                        torch.tensor([first for _, _, first in chunks], device=device))
-        return [wav[i, : n * self.samples_per_frame] for i, n in enumerate(lengths)]
+        return batch.to(device), torch.tensor(slots, device=device), torch.tensor(lengths, device=device)
