@@ -143,8 +143,8 @@ class IncrementalCodecDecoder:
         """Decode the next chunk of each row's stream and advance its slot.
 
         codes (B, T, Q) on the decoder's device: row b's first new_frames_b[b] frames are its chunk, the rest
-        padding; slots_b (B,) long: distinct slots in [0, num_slots], or scratch_slot for padding rows (with 0
-        new frames); first_b (B,) bool: the chunk starts the row's stream (its slot's state is discarded).
+        padding; slots_b (B,) long: distinct slots in [0, num_slots), or scratch_slot (= num_slots) for rows
+        that only pad a batch bucket (0 new frames, first True); first_b (B,) bool: the chunk starts the row's stream (its slot's state is discarded).
         Returns (B, T * samples_per_frame): row b's first new_frames_b[b] * samples_per_frame samples are its
         chunk's, equal to the one-shot decode of the row's whole stream at those frames.
         """
