@@ -11,7 +11,9 @@ of arrivals stalls the running streams for one batched pass instead of one pass 
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
+
 import numpy as np
 import torch
 
@@ -87,6 +89,8 @@ class TalkerRunner:
             raise ValueError("CUDA graphs need a CUDA device")
         self.graph_buckets = make_graph_buckets(num_slots, max_graph_batch) if cuda_graphs else ()
         self.graphs = FrameGraphs(lambda b, kv: self._step(b, kv, True), device) if cuda_graphs else None
+        # the talker's own CUDA stream: its frames never queue behind the codec's kernels on the default stream
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.compile_layers = compile_layers
         if compile_layers:
             self._compile()
@@ -106,6 +110,18 @@ class TalkerRunner:
         self._sample_candidates = torch.compile(sample_top_candidates, dynamic=True)
 
     _sample_candidates = staticmethod(sample_top_candidates)
+
+    def _on_stream(self):
+        """Work on the talker's stream, after what this thread queued on the default one (prompt inputs)."""
+        if self.stream is None:
+            return contextlib.nullcontext()
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        return torch.cuda.stream(self.stream)
+
+    def _eager_prefill(self):
+        """Prompts come in every length: compiled layers would recompile for new shapes mid-serving, so
+        prefill runs them eagerly (one batched pass; the decode steps are what the compilation is for)."""
+        return torch.compiler.set_stance("force_eager") if self.compile_layers else contextlib.nullcontext()
 
     def describe(self) -> dict:
         return {"num_slots": self.num_slots, "buckets": list(self.buckets), "device": str(self.device),
@@ -152,6 +168,13 @@ class TalkerRunner:
                 limit = frame_limit(self.length_policy, request.text, limit)
             results[i] = (ref_codes, limit)
             built.append((slot, request, prompt))
+        with self._on_stream(), self._eager_prefill():
+            self._prefill_groups(built)
+        if self.stream is not None:
+            self.stream.synchronize()  # the slots are ready before the next step is scheduled
+        return results
+
+    def _prefill_groups(self, built: list) -> None:
         group, tokens = [], 0
         for entry in built:
             length = entry[2].prefill.shape[0]
@@ -162,7 +185,6 @@ class TalkerRunner:
             tokens += length
         if group:
             self._prefill_group(group)
-        return results
 
     def _prefill_group(self, group: list) -> None:
         lengths = [prompt.prefill.shape[0] for _, _, prompt in group]
@@ -232,11 +254,13 @@ class TalkerRunner:
     def decode_step(self, bucket: int) -> tuple[np.ndarray, np.ndarray]:
         """One frame for slots [0, bucket): (codes [bucket, Q] int64, ended [bucket] bool: end of speech).
         Replays the captured graph of (bucket, KV bucket) when there is one, else runs the step eagerly."""
-        codes, ended = self.step_tensors(bucket)
+        with self._on_stream():
+            codes, ended = self.step_tensors(bucket)
+            codes, ended = codes.cpu().numpy(), ended.cpu().numpy()
         for i in range(bucket):
             if self.lengths[i]:
                 self.lengths[i] += 1
-        return codes.cpu().numpy(), ended.cpu().numpy()
+        return codes, ended
 
     def step_tensors(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The frame on the device, by the path decode_step takes (no host bookkeeping; benchmarks time this).
@@ -310,7 +334,7 @@ class TalkerRunner:
     def warmup(self) -> None:
         """Run every bucket's step once on empty slots (allocations, kernel selection, compilation), and capture
         the graphs of every (graph bucket, KV bucket); then clear the slots' state the passes touched."""
-        with torch.inference_mode():
+        with torch.inference_mode(), self._on_stream():
             for b in self.buckets:
                 self._step(b, 1, True)
             if self.graphs is not None:
