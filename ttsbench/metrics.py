@@ -30,23 +30,26 @@ class SLO:
         return asdict(self)
 
 
-def underrun(chunks: list[tuple[float, float]], buffer_s: float = 0.0) -> tuple[float, float]:
-    """Total and worst starvation (seconds) of a player that starts `buffer_s` after the first
-    audio arrives (or at the last arrival, if the stream ends sooner) and then plays in real time,
+def stalls(chunks: list[tuple[float, float]], buffer_s: float = 0.0) -> list[tuple[float, float]]:
+    """(start, end) of each starvation of a player that starts `buffer_s` after the first audio
+    arrives (or at the last arrival, if the stream ends sooner) and then plays in real time,
     pausing whenever it has played everything received. `chunks`: (arrival s, audio s), in order."""
     if not chunks:
-        return 0.0, 0.0
-    start = min(chunks[0][0] + buffer_s, chunks[-1][0])
-    runs_dry_at = start
-    total = worst = 0.0
+        return []
+    runs_dry_at = min(chunks[0][0] + buffer_s, chunks[-1][0])
+    out = []
     for t, seconds in chunks:
         if t > runs_dry_at:
-            stall = t - runs_dry_at
-            total += stall
-            worst = max(worst, stall)
+            out.append((runs_dry_at, t))
             runs_dry_at = t
         runs_dry_at += seconds
-    return total, worst
+    return out
+
+
+def underrun(chunks: list[tuple[float, float]], buffer_s: float = 0.0) -> tuple[float, float]:
+    """Total and worst starvation (seconds) of the player of `stalls`."""
+    gaps = [b - a for a, b in stalls(chunks, buffer_s)]
+    return sum(gaps), max(gaps, default=0.0)
 
 
 def _ms(seconds: float | None) -> float | None:

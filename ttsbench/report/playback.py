@@ -1,13 +1,15 @@
 """The playback model behind `underrun_s`, recomputed from a request's raw chunk arrivals.
 
-A player starts at the first audio byte and plays in real time; whenever it has played everything
-received so far it stalls until the next chunk arrives. The report draws those stalls on the
+The player is the harness's own (ttsbench.metrics.stalls); the report draws its stalls on the
 chunk-arrival timelines, so they are recomputed here from `chunks` rather than taken on trust.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
+
+from ttsbench.metrics import stalls
 
 
 @dataclass
@@ -54,21 +56,9 @@ def playback(record: dict) -> Playback | None:
     chunks = [(float(t), int(n)) for t, n in (record.get("chunks") or []) if n > 0]
     if spb is None or not chunks:
         return None
-    arrival_t, received_s, stalls = [], [], []
-    received = 0.0
-    clock = chunks[0][0] / 1000.0   # the player starts with the first audio
-    played = 0.0
-    for t_ms, n in chunks:
-        t = t_ms / 1000.0
-        runs_dry_at = clock + (received - played)
-        if runs_dry_at < t:
-            stalls.append((runs_dry_at, t))
-            played, clock = received, t
-        else:
-            played += t - clock
-            clock = t
-        received += n * spb
-        arrival_t.append(t)
-        received_s.append(received)
-    end_t = clock + (received - played)
-    return Playback(arrival_t, received_s, stalls, end_t)
+    arrival_t = [t_ms / 1000.0 for t_ms, _ in chunks]
+    seconds = [n * spb for _, n in chunks]
+    received_s = list(accumulate(seconds))
+    starved = stalls(list(zip(arrival_t, seconds)))
+    end_t = arrival_t[0] + received_s[-1] + sum(b - a for a, b in starved)
+    return Playback(arrival_t, received_s, starved, end_t)
