@@ -84,10 +84,20 @@ def test_eos_stops_generation_but_never_before_two_frames(cv):
 def test_stream_chunks_equal_the_one_shot_decode(cv):
     kwargs = dict(speaker="dylan", language="chinese", max_new_tokens=30, **GREEDY)
     whole = cv.generate("你好，欢迎使用语音合成服务。", **kwargs)
-    context = cv.speech_tokenizer.decoder.receptive_field_frames
-    chunks = list(cv.stream("你好，欢迎使用语音合成服务。", first_chunk_frames=3, chunk_frames=7,
-                            left_context_frames=context, **kwargs))
+    chunks = list(cv.stream("你好，欢迎使用语音合成服务。", first_chunk_frames=3, chunk_frames=7, **kwargs))
     assert [len(c) for c in chunks] == [3 * 1920] + [7 * 1920] * 3 + [5 * 1920]
+    np.testing.assert_allclose(np.concatenate(chunks), whole.audio, atol=1e-4, rtol=0)
+
+
+def test_icl_clone_stream_equals_the_one_shot_decode_after_the_reference_cut(base):
+    """The reference codes prime the streaming codec, as the one-shot decode prepends them and cuts them off."""
+    t = np.arange(24000 * 2) / 24000
+    audio = (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+    icl = base.create_voice_clone_prompt(audio, 24000, ref_text="A test tone.")
+    kwargs = dict(language="english", voice=icl, max_new_tokens=12, **GREEDY)
+    whole = base.generate("Clone this voice.", **kwargs)
+    chunks = list(base.stream("Clone this voice.", first_chunk_frames=2, chunk_frames=5, **kwargs))
+    assert [len(c) for c in chunks] == [2 * 1920, 5 * 1920, 4 * 1920]
     np.testing.assert_allclose(np.concatenate(chunks), whole.audio, atol=1e-4, rtol=0)
 
 

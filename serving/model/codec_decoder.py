@@ -438,7 +438,7 @@ class CodecDecoder(nn.Module):
         """Stateless streaming step: re-decode earlier frames as context, return only the new samples.
 
         Superseded for serving by codec_stream.IncrementalCodecDecoder, which decodes each frame once and is
-        exact; this remains for `decode` (the official offline windows) and the model's reference stream().
+        exact; this remains for `decode` (the official offline windows).
 
         codes (B, T, Q): each row is [left padding | context frames | new frames], all rows with the same number
         of new frames N = T - max(context). context_frames: int (same for all rows) or (B,) ints <= T.

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from serving.model import weights
+from serving.model.codec_stream import IncrementalCodecDecoder
 from serving.model.config import GenerationDefaults, ModelConfig
 from serving.model.frame import TalkerSampling, decode_frame, prefill
 from serving.model.model import Qwen3TTSModel
@@ -175,28 +176,23 @@ class Qwen3TTS:
 
     @torch.inference_mode()
     def stream(self, text: str, *, first_chunk_frames: int = 4, chunk_frames: int = 25,
-               left_context_frames: int = 72, **kwargs) -> Iterator[np.ndarray]:
+               **kwargs) -> Iterator[np.ndarray]:
         """Yield waveform chunks as frames are produced: the first after first_chunk_frames frames, then every
-        chunk_frames, each decoded with up to left_context_frames earlier frames (ICL: reference frames too)
-        as context, returning only the new samples. Concatenated, the chunks approximate the one-shot decode
-        (exact when the context covers the decoder's receptive field)."""
-        if min(first_chunk_frames, chunk_frames) < 1 or left_context_frames < 0:
-            raise ValueError("chunk sizes must be >= 1 and left_context_frames >= 0")
+        chunk_frames. An incremental decoder carries the codec's state from chunk to chunk (ICL: the reference
+        codes prime it), so the chunks concatenated equal the one-shot decode."""
+        if min(first_chunk_frames, chunk_frames) < 1:
+            raise ValueError("chunk sizes must be >= 1")
         voice = kwargs.get("voice")
-        decoder = self.speech_tokenizer.decoder
-        dev = next(decoder.parameters()).device
-        history = [] if voice is None or voice.ref_codes is None else list(voice.ref_codes.to(dev))
-        done, due = len(history), first_chunk_frames
+        codec = IncrementalCodecDecoder(self.speech_tokenizer.decoder, num_slots=1)
+        first = True
+        if voice is not None and voice.ref_codes is not None and len(voice.ref_codes):
+            codec.prime([(0, voice.ref_codes)])
+            first = False
+        pending, due = [], first_chunk_frames
         for frame in self.iter_frames(text, **kwargs):
-            history.append(frame.to(dev))
-            if len(history) - done >= due:
-                yield self._decode_new(history, done, left_context_frames)
-                done, due = len(history), chunk_frames
-        if len(history) > done:
-            yield self._decode_new(history, done, left_context_frames)
-
-    def _decode_new(self, history: list[torch.Tensor], done: int, left_context_frames: int) -> np.ndarray:
-        decoder = self.speech_tokenizer.decoder
-        start = max(0, done - left_context_frames)
-        codes = torch.stack(history[start:])[None]
-        return decoder.decode_chunk(codes, done - start)[0].float().cpu().numpy()
+            pending.append(frame)
+            if len(pending) >= due:
+                yield codec.decode([(0, torch.stack(pending), first)])[0].float().cpu().numpy()
+                first, pending, due = False, [], chunk_frames
+        if pending:
+            yield codec.decode([(0, torch.stack(pending), first)])[0].float().cpu().numpy()
