@@ -84,7 +84,7 @@ def test_pcm_rate_from_content_type(server):
 
 @pytest.mark.parametrize("text,kind,detail", [
     ("http500", "http_500", "scripted failure 500"),
-    ("reset", "reset", "payload"),
+    ("reset", "reset", "before the response was complete"),
     ("hang", "timeout", "within 1 s"),
     ("json200", "invalid_audio", "application/json"),
     ("sse_no_done", "truncated", "speech.audio.done"),

@@ -1,73 +1,62 @@
-"""The HTTP client: one shared aiohttp session; the timed section only stamps and stores chunks.
+"""The client of one server: the timed speech request on its own transport, the rest on aiohttp.
+
+The speech request goes through ttsbench.transport, which stamps every received segment with the
+kernel's arrival time (recvmsg with SO_TIMESTAMPNS). aiohttp reads with sock.recv() and can only stamp
+a chunk when the event loop resumes the reader, late by the loop's backlog at high concurrency; its
+transport exposes no ancillary data, so the timed path cannot be built on it. The calls that are not
+timed (/health, /v1/models, voice upload) stay on one aiohttp session: each tool does one job.
 
 Everything that costs CPU (decoding SSE/WAV, statistics, saving audio) happens after a request
-completes (see ttsbench.decode and ttsbench.metrics), so a busy client does not delay the arrival
-stamps of the other streams it is reading.
+completes (see ttsbench.decode and ttsbench.metrics, run in the recorder process).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-from dataclasses import dataclass, field
-from time import perf_counter
+import ssl
 
 import aiohttp
-import yarl
 
+import ttsbench
 from ttsbench import datasets
+from ttsbench.transport import RawResponse, TimedHTTP
 
-_JSON = {"Content-Type": "application/json"}
-
-
-@dataclass
-class RawResponse:
-    """What came back, unparsed. Times are seconds on time.perf_counter (a monotonic clock)."""
-    t_start: float
-    status: int | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    t_headers: float | None = None
-    chunks: list[tuple[float, bytes]] = field(default_factory=list)
-    t_end: float | None = None
-    error: str | None = None          # transport failure: connect, timeout, reset, other
-    error_detail: str | None = None
+__all__ = ["RawResponse", "SpeechClient", "combine_clocks"]
 
 
-def _transport_error(exc: BaseException, timeout: float) -> tuple[str, str]:
-    detail = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
-    if isinstance(exc, asyncio.TimeoutError):
-        return "timeout", f"no complete response within {timeout:g} s"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return "connect", detail
-    if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError,
-                        aiohttp.ClientOSError, ConnectionError)):
-        return "reset", detail
-    return "other", detail
+def combine_clocks(clocks) -> str | None:
+    """One name for the clocks that stamped a set of arrivals: "kernel" or "loop" when all agree,
+    "mixed" when they differ, None when nothing was stamped."""
+    seen = {c for c in clocks if c is not None}
+    return seen.pop() if len(seen) == 1 else ("mixed" if seen else None)
 
 
 class SpeechClient:
-    """A session against one server. Use as `async with SpeechClient(url) as client:`."""
+    """A session against one server. Use as `async with SpeechClient(url) as client:`.
+    `ssl_context` replaces the system's trust store for https (e.g. a private CA)."""
 
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 300.0):
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 300.0,
+                 ssl_context: ssl.SSLContext | None = None):
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
+        self.ssl_context = ssl_context
         self._session: aiohttp.ClientSession | None = None
+        self._speech: TimedHTTP | None = None
 
     async def __aenter__(self) -> "SpeechClient":
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        # limit=0: no cap on connections, so the load generator alone decides concurrency.
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=3600)
-        # No cookie jar, a pre-parsed URL and a fixed timeout object: less work per request start,
-        # which at high concurrency is time the event loop is not reading other streams.
+        auth = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self._session = aiohttp.ClientSession(
-            connector=connector, headers=headers, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
-            timeout=aiohttp.ClientTimeout(total=None), read_bufsize=1 << 18)
-        self._speech_url = yarl.URL(self.base_url + "/v1/audio/speech")
-        self._speech_timeout = aiohttp.ClientTimeout(total=self.timeout)
+            headers=auth, connector=aiohttp.TCPConnector(ssl=self.ssl_context or True))
+        self._speech = TimedHTTP(self.base_url + "/v1/audio/speech",
+                                 {"Content-Type": "application/json", "Accept": "*/*",
+                                  "User-Agent": f"ttsbench/{ttsbench.__version__}", **auth},
+                                 self.timeout, self.ssl_context)
         return self
 
     async def __aexit__(self, *exc) -> None:
+        if self._speech is not None:
+            self._speech.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -78,28 +67,17 @@ class SpeechClient:
             raise RuntimeError("SpeechClient used outside 'async with'")
         return self._session
 
+    @property
+    def arrival_clock(self) -> str | None:
+        """How this session's arrivals were stamped: "kernel", "loop", "mixed", or None before any answer."""
+        return combine_clocks(self._speech.requests_by_clock if self._speech is not None else ())
+
     async def speech(self, body: bytes) -> RawResponse:
-        """POST /v1/audio/speech and read the whole response, stamping each chunk's arrival.
+        """POST /v1/audio/speech and read the whole response, stamping each segment's arrival.
         Never raises for a failed request: the failure is in the returned RawResponse."""
-        url, timeout = self._speech_url, self._speech_timeout
-        raw = RawResponse(t_start=perf_counter())
-        chunks = raw.chunks
-        append = chunks.append
-        clock = perf_counter
-        try:
-            async with self.session.post(url, data=body, headers=_JSON, timeout=timeout) as resp:
-                raw.t_headers = clock()
-                raw.status = resp.status
-                raw.headers = {k.lower(): v for k, v in resp.headers.items()}
-                async for data in resp.content.iter_any():
-                    append((clock(), data))
-                raw.t_end = clock()  # before releasing the connection, which is not part of the answer
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # every failure is a result to record, never a crash
-            raw.t_end = clock()
-            raw.error, raw.error_detail = _transport_error(exc, self.timeout)
-        return raw
+        if self._speech is None:
+            raise RuntimeError("SpeechClient used outside 'async with'")
+        return await self._speech.post(body)
 
     async def get_json(self, path: str) -> dict | None:
         """A server's self-description (/v1/models, /health), or None if it does not answer."""

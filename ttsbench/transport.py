@@ -1,0 +1,428 @@
+"""Timed HTTP/1.1 for the speech request: every received segment carries the kernel's arrival time.
+
+Why not aiohttp here: its transport reads with sock.recv(), so the earliest stamp it allows is the
+moment the event loop gets round to the stream. With a hundred streams on two cores that moment
+trails the arrival by the loop's backlog (10-30 ms measured), and the figures would describe the
+client, not the server. Linux stamps every packet as it reaches the host (SO_TIMESTAMPNS, software
+receive stamps) and recvmsg() hands the stamp over with the bytes, so a busy loop delays the reading,
+never the times. One limit remains: TCP merges segments that wait unread in the receive queue and
+keeps the newest stamp, so a stream's bytes keep their own arrival only while the loop reads each
+stream before that stream's next write comes (tens of ms for speech chunks, not 2 ms).
+
+Stamps are CLOCK_REALTIME; they are moved onto perf_counter's clock (CLOCK_MONOTONIC) with one
+offset sampled when the request starts. NTP slews both clocks alike, so that offset only changes when
+the wall clock is stepped (settimeofday, a leap second): a step during a request shifts its arrivals.
+
+Where the kernel gives no stamps (not Linux, the option refused, a segment without one) the segment
+is stamped when the loop reads it, and `RawResponse.clock` says "loop" instead of "kernel".
+
+The timed path per segment is recvmsg, the HTTP framing (h11) and TLS record decryption, and an
+append; decoding and statistics wait until the request has ended (ttsbench.decode, ttsbench.metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import platform
+import socket
+import ssl
+import struct
+import sys
+from dataclasses import dataclass, field
+from time import perf_counter, perf_counter_ns, time_ns
+from urllib.parse import urlsplit
+
+import h11
+
+_BUF = 1 << 16
+_SEND_BUDGET_S = 0.001
+# SO_TIMESTAMPNS (35 in asm-generic; parisc and sparc number it differently, so they use loop stamps).
+_SO_TIMESTAMPNS = (getattr(socket, "SO_TIMESTAMPNS", 35)
+                   if sys.platform.startswith("linux") and not platform.machine().startswith(("parisc", "sparc"))
+                   else None)
+_ANC = socket.CMSG_SPACE(16) if _SO_TIMESTAMPNS is not None else 0
+_TIMESPEC = {16: struct.Struct("@qq"), 8: struct.Struct("@ii")}
+
+
+@dataclass
+class RawResponse:
+    """What came back, unparsed. Times are seconds on time.perf_counter (a monotonic clock).
+    `chunks`: (arrival, body bytes) per received segment that carried body bytes."""
+    t_start: float
+    status: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    t_headers: float | None = None
+    chunks: list[tuple[float, bytes]] = field(default_factory=list)
+    t_end: float | None = None
+    error: str | None = None          # transport failure: connect, timeout, reset, other
+    error_detail: str | None = None
+    clock: str | None = None          # how arrivals were stamped: "kernel", "loop"; None if nothing arrived
+
+
+class _Failure(Exception):
+    def __init__(self, kind: str, detail: str):
+        super().__init__(detail)
+        self.kind, self.detail = kind, detail
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+
+
+def _clock_offset_ns() -> int:
+    """CLOCK_REALTIME minus perf_counter's clock, from reads taken together."""
+    before = perf_counter_ns()
+    real = time_ns()
+    return real - (before + perf_counter_ns()) // 2
+
+
+class _Exchange:
+    """One request's reading state; the connection's read callback fills `raw`."""
+    __slots__ = ("raw", "offset_ns", "done", "loop_stamped", "timer", "sending")
+
+    def __init__(self, raw: RawResponse, done: asyncio.Future):
+        self.raw, self.done = raw, done
+        self.offset_ns = _clock_offset_ns()
+        self.loop_stamped = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.sending: asyncio.Task | None = None  # the rest of a request the socket did not take at once
+
+    def finish(self, failure: _Failure | None = None) -> None:
+        if not self.done.done():
+            self.done.set_result(failure)
+
+
+class _Connection:
+    """A socket with its HTTP/1.1 state (h11) and, for https, its TLS state (SSLObject over MemoryBIOs)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.sock: socket.socket | None = None
+        self.http = h11.Connection(h11.CLIENT)
+        self.tls: ssl.SSLObject | None = None
+        self.incoming = self.outgoing = None
+        self.kernel_stamps = False
+        self.exchange: _Exchange | None = None
+
+    async def connect(self, addrs: list, tls: ssl.SSLContext | None, host: str) -> None:
+        last: OSError | None = None
+        for family, type_, proto, _, addr in addrs:
+            sock = socket.socket(family, type_, proto)
+            try:
+                sock.setblocking(False)
+                if family in (socket.AF_INET, socket.AF_INET6):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                await self.loop.sock_connect(sock, addr)
+            except OSError as exc:
+                sock.close()
+                last = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            self.sock = sock
+            break
+        else:
+            raise _Failure("connect", _describe(last) if last else "the host has no address")
+        if _SO_TIMESTAMPNS is not None:
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+                self.kernel_stamps = True
+            except OSError:
+                pass
+        if tls is not None:
+            try:
+                await self._handshake(tls, host)
+            except OSError as exc:
+                raise _Failure("connect", f"TLS handshake: {_describe(exc)}") from None
+
+    async def _handshake(self, context: ssl.SSLContext, host: str) -> None:
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = context.wrap_bio(self.incoming, self.outgoing, server_hostname=host)
+        while True:
+            try:
+                self.tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                await self._flush_tls()
+                data = await self.loop.sock_recv(self.sock, _BUF)
+                if not data:
+                    raise _Failure("connect", "the server closed the connection during the TLS handshake")
+                self.incoming.write(data)
+            except ssl.SSLError as exc:
+                raise _Failure("connect", f"TLS handshake failed: {_describe(exc)}") from None
+        await self._flush_tls()
+
+    async def _flush_tls(self) -> None:
+        pending = self.outgoing.read()
+        if pending:
+            await self.loop.sock_sendall(self.sock, pending)
+
+    def reusable_when_idle(self) -> bool:
+        """Whether an idle connection can carry a request: nothing arrived while idle (a FIN, a TLS
+        close_notify, stray bytes) and h11 is ready for a new cycle."""
+        if self.http.our_state is not h11.IDLE or self.http.their_state is not h11.IDLE:
+            return False
+        try:
+            self.sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+        return False
+
+    def send_now(self, data: bytes) -> memoryview:
+        """Write what the socket takes now (TLS: encrypted); returns what is left for later."""
+        if self.tls is not None:
+            self.tls.write(data)
+            data = self.outgoing.read()
+        try:
+            sent = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        return memoryview(data)[sent:]
+
+    def start_reading(self, exchange: _Exchange) -> None:
+        self.exchange = exchange
+        self.loop.add_reader(self.sock.fileno(), self._on_readable)
+
+    def stop_reading(self) -> None:
+        self.exchange = None
+        self.loop.remove_reader(self.sock.fileno())
+
+    def _on_readable(self) -> None:
+        ex = self.exchange
+        if ex.done.done():  # answered, failed or timed out: the request's coroutine takes over
+            self.loop.remove_reader(self.sock.fileno())
+            return
+        try:
+            if _ANC:
+                data, anc, _, _ = self.sock.recvmsg(_BUF, _ANC)
+            else:
+                data, anc = self.sock.recv(_BUF), None
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            ex.finish(_Failure("reset", _describe(exc)))
+            return
+        t = None
+        if anc:
+            stamp = anc[0][2]
+            unpack = _TIMESPEC.get(len(stamp))
+            if unpack is not None:
+                sec, nsec = unpack.unpack(stamp)
+                if sec:  # 0 while the kernel's stamping is still being switched on
+                    t = (sec * 1_000_000_000 + nsec - ex.offset_ns) / 1e9
+        if t is None:
+            t = perf_counter()
+            ex.loop_stamped = True
+        try:
+            eof = not data
+            if self.tls is not None:
+                data, eof = self._decrypt(data)
+            if data:
+                self.http.receive_data(data)
+            if eof:
+                self.http.receive_data(b"")
+            self._events(t, ex, eof)
+        except _Failure as f:
+            ex.finish(f)
+        except Exception as exc:  # a harness bug must fail this request, not stall it until its timeout
+            ex.finish(_Failure("other", f"harness: {_describe(exc)}"))
+
+    def _decrypt(self, data: bytes) -> tuple[bytes, bool]:
+        """The plaintext of the TLS records these bytes completed, and whether the stream ended."""
+        eof = not data
+        if eof:
+            self.incoming.write_eof()
+        else:
+            self.incoming.write(data)
+        plain = []
+        try:
+            while True:
+                piece = self.tls.read(_BUF)
+                if not piece:
+                    eof = True
+                    break
+                plain.append(piece)
+        except ssl.SSLWantReadError:
+            pass
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):  # close_notify, or the TCP stream ended
+            eof = True
+        except ssl.SSLError as exc:
+            raise _Failure("reset", f"TLS: {_describe(exc)}") from None
+        if self.outgoing.pending:  # TLS may have something to answer (a key update)
+            try:
+                self.sock.send(self.outgoing.read())
+            except OSError:
+                pass
+        return b"".join(plain), eof
+
+    def _events(self, t: float, ex: _Exchange, eof: bool) -> None:
+        raw, http = ex.raw, self.http
+        while True:
+            try:
+                event = http.next_event()
+            except h11.RemoteProtocolError as exc:
+                if not eof:
+                    raise _Failure("other", f"malformed HTTP response: {exc}") from None
+                if raw.status is None:
+                    raise _Failure("reset", "the server closed the connection before answering") from None
+                raise _Failure("reset", f"connection closed before the response was complete ({exc})") from None
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                return
+            kind = type(event)
+            if kind is h11.Data:
+                raw.chunks.append((t, bytes(event.data)))
+            elif kind is h11.Response:
+                raw.t_headers, raw.status = t, event.status_code
+                raw.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in event.headers}
+            elif kind is h11.EndOfMessage:
+                raw.t_end = t
+                ex.finish()
+                return
+            elif kind is h11.ConnectionClosed:
+                raise _Failure("reset", "the server closed the connection")
+
+    def close(self) -> None:
+        if self.sock is not None:
+            if self.exchange is not None:
+                self.stop_reading()
+            self.sock.close()
+            self.sock = None
+
+
+class TimedHTTP:
+    """POSTs to one URL over a pool of keep-alive connections (grown to the load, no cap) and returns
+    each answer as a RawResponse with kernel-stamped arrivals. Never raises for a failed request."""
+
+    def __init__(self, url: str, headers: dict[str, str], timeout: float,
+                 ssl_context: ssl.SSLContext | None = None):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.tls = (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
+        default_port = self.port == (443 if self.tls else 80)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.headers = [("Host", host if default_port else f"{host}:{self.port}"), *headers.items()]
+        self.timeout = timeout
+        self._addrs: asyncio.Future | None = None
+        self._idle: list[_Connection] = []
+        self._to_send: collections.deque[tuple[_Connection, _Exchange, bytes]] = collections.deque()
+        self._send_scheduled = False
+        self.requests_by_clock: dict[str, int] = {}
+
+    async def _addresses(self, loop: asyncio.AbstractEventLoop) -> list:
+        """The server's addresses, resolved once for all the connections that start together."""
+        if self._addrs is None or (self._addrs.done() and self._addrs.exception() is not None):
+            self._addrs = asyncio.ensure_future(loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM))
+        try:
+            return await asyncio.shield(self._addrs)
+        except socket.gaierror as exc:
+            raise _Failure("connect", f"cannot resolve {self.host}: {_describe(exc)}") from None
+
+    def _take_idle(self) -> _Connection | None:
+        while self._idle:
+            conn = self._idle.pop()  # the most recently used: the least likely to be closed by the server
+            if conn.reusable_when_idle():
+                return conn
+            conn.close()
+        return None
+
+    async def post(self, body: bytes) -> RawResponse:
+        loop = asyncio.get_running_loop()
+        raw = RawResponse(t_start=perf_counter())  # replaced by the send time once the request goes out
+        deadline = loop.time() + self.timeout
+        conn = self._take_idle()
+        exchange: _Exchange | None = None
+        failure: _Failure | None = None
+        try:
+            if conn is None:
+                conn = _Connection(loop)
+                await asyncio.wait_for(conn.connect(await self._addresses(loop), self.tls, self.host),
+                                       self.timeout)
+            http = conn.http
+            request = (http.send(h11.Request(method="POST", target=self.target,
+                                             headers=[*self.headers, ("Content-Length", str(len(body)))]))
+                       + http.send(h11.Data(data=body)) + http.send(h11.EndOfMessage()))
+            exchange = _Exchange(raw, loop.create_future())
+            exchange.timer = loop.call_at(deadline, exchange.finish,
+                                          _Failure("timeout", f"no complete response within {self.timeout:g} s"))
+            self._to_send.append((conn, exchange, request))
+            if not self._send_scheduled:
+                self._send_scheduled = True
+                loop.call_soon(self._send_queued)
+            failure = await exchange.done
+        except asyncio.TimeoutError:
+            failure = _Failure("timeout", f"no complete response within {self.timeout:g} s")
+        except _Failure as f:
+            failure = f
+        except asyncio.CancelledError:
+            if conn is not None:
+                conn.close()
+            raise
+        except Exception as exc:  # every failure is a result to record, never a crash
+            failure = _Failure("other", _describe(exc))
+        finally:
+            if exchange is not None:
+                exchange.timer.cancel()
+                if exchange.sending is not None:
+                    exchange.sending.cancel()
+        if failure is not None:
+            raw.t_end = perf_counter()
+            raw.error, raw.error_detail = failure.kind, failure.detail
+            if conn is not None:
+                conn.close()
+        else:
+            conn.stop_reading()
+            if conn.http.our_state is h11.DONE and conn.http.their_state is h11.DONE:
+                conn.http.start_next_cycle()
+                self._idle.append(conn)
+            else:
+                conn.close()
+        if raw.t_headers is not None:
+            raw.clock = "loop" if exchange.loop_stamped or not conn.kernel_stamps else "kernel"
+            self.requests_by_clock[raw.clock] = self.requests_by_clock.get(raw.clock, 0) + 1
+        return raw
+
+    def _send_queued(self) -> None:
+        """Send queued requests for up to _SEND_BUDGET_S, then let the loop read before sending more.
+        When many streams end together, their successors would otherwise all be sent in one loop
+        iteration (each send on loopback also wakes the server), and reading would wait tens of ms."""
+        loop = asyncio.get_running_loop()
+        queue, until = self._to_send, perf_counter() + _SEND_BUDGET_S
+        while queue:
+            conn, exchange, request = queue.popleft()
+            if exchange.done.done():  # timed out or cancelled while queued
+                continue
+            conn.start_reading(exchange)
+            exchange.raw.t_start = perf_counter()  # right before the request's bytes go out
+            try:
+                rest = conn.send_now(request)
+            except OSError as exc:
+                exchange.finish(_Failure("reset", _describe(exc)))
+                continue
+            if rest:
+                exchange.sending = loop.create_task(self._send_rest(conn, exchange, rest))
+            if perf_counter() > until:
+                break
+        if queue:
+            loop.call_soon(self._send_queued)
+        else:
+            self._send_scheduled = False
+
+    @staticmethod
+    async def _send_rest(conn: _Connection, exchange: _Exchange, rest: memoryview) -> None:
+        try:
+            await conn.loop.sock_sendall(conn.sock, rest)
+        except OSError as exc:
+            exchange.finish(_Failure("reset", _describe(exc)))
+
+    def close(self) -> None:
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()
