@@ -2,19 +2,25 @@
 
 Run it as its own process (so its event loop and GIL are not the client's):
 
-    python -m tests.scripted_server --script SCRIPT.json --log LOG.jsonl
+    python -m tests.scripted_server --script SCRIPT.json --log LOG.jsonl [--tls-cert C --tls-key K]
 
-It prints `PORT <n>` once listening. SCRIPT maps each request's `input` text to a scenario:
+It prints `PORT <n>` once listening (https with --tls-cert). SCRIPT maps each request's `input` text
+to a scenario:
 
     {"form": "pcm" | "wav" | "sse" | "flac" | "json",   # what the answer looks like (default pcm)
      "status": 200,                      # an error status answers an OpenAI-style JSON error
      "chunks": [[t_ms, n_bytes], ...],   # audio writes, at t_ms after the request arrived
      "after": "eof" | "reset" | "hang",  # how the body ends after the last chunk
+     "framing": "chunked" | "length",    # chunked transfer coding, or a Content-Length body (one
+                                         # that ends early announces a chunk more than it sends)
      "rate": 24000, "sse_done": true, "wav_data_size": null}
 
 Texts not in the script get `{"chunks": [[0, 4800]]}`. For every request, LOG receives one line:
-the text, headers and body fields (ref_audio shortened), and the server's own perf_counter stamps
-(the same monotonic clock as the client's on Linux): t_recv, writes [[t, n_audio_bytes], ...], t_eof.
+the text, headers and body fields (ref_audio shortened), the client's port (`peer_port`, to see
+connection reuse), and the server's own perf_counter stamps (the same monotonic clock as the client's
+on Linux): t_recv, writes [[t, n_audio_bytes], ...], t_eof. These stamps are the truth the harness is
+checked against, so each is taken right before its write, with nothing between it and the socket
+send but aiohttp's synchronous write path: a stamp is never later than its bytes leave.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import base64
 import contextlib
 import io
 import json
+import ssl
 import struct
 import subprocess
 import sys
@@ -68,8 +75,10 @@ class ScriptedServer:
         t_recv = perf_counter()
         body = await request.json()
         fields = {k: (v[:40] if k == "ref_audio" and isinstance(v, str) else v) for k, v in body.items()}
+        peer = request.transport.get_extra_info("peername") if request.transport else None
         entry = {"text": body.get("input"), "t_recv": t_recv, "writes": [], "t_eof": None,
-                 "fields": fields, "authorization": request.headers.get("Authorization")}
+                 "fields": fields, "authorization": request.headers.get("Authorization"),
+                 "peer_port": peer[1] if peer else None}
         sc = self.script.get(body.get("input"), {"chunks": [[0, 4800]]})
         try:
             return await self._answer(request, sc, t_recv, entry)
@@ -100,10 +109,15 @@ class ScriptedServer:
             return web.Response(body=buf.getvalue(), content_type="audio/flac")
         content_type = {"pcm": "audio/pcm", "wav": "audio/wav", "sse": "text/event-stream"}[form]
         resp = web.StreamResponse(headers={"Content-Type": sc.get("content_type", content_type)})
+        header = _wav_header(rate, sc.get("wav_data_size") or 0xFFFFFFFF) if form == "wav" else b""
+        if sc.get("framing", "chunked") == "length":
+            if form == "sse":
+                raise ValueError("framing 'length' is for pcm and wav answers")
+            # a body cut short (reset, hang) announces one more chunk than it sends
+            resp.content_length = len(header) + sum(n for _, n in chunks) + (4800 if sc.get("after") in ("reset", "hang") else 0)
         await resp.prepare(request)
-        if form == "wav":
-            size = sc.get("wav_data_size") or 0xFFFFFFFF
-            await resp.write(_wav_header(rate, size))
+        if header:
+            await resp.write(header)
         for i, (t_ms, n_bytes) in enumerate(chunks):
             await self._sleep_until(t_recv + t_ms / 1000)
             data = _pcm(n_bytes, i)
@@ -120,7 +134,8 @@ class ScriptedServer:
             await asyncio.sleep(3600)
         if form == "sse" and sc.get("sse_done", True):
             await resp.write(b'data: {"type": "speech.audio.done"}\n\n')
-        entry["t_eof"] = perf_counter()
+        # the end of a chunked body is its last write; of a Content-Length body, its last audio write
+        entry["t_eof"] = perf_counter() if resp.chunked else (entry["writes"][-1][0] if chunks else t_recv)
         await resp.write_eof()
         return resp
 
@@ -176,19 +191,23 @@ class Running:
 
 
 @contextlib.contextmanager
-def running(script: dict, workdir: Path):
-    """Start the server in its own process for a test or benchmark; stop it afterwards."""
+def running(script: dict, workdir: Path, tls: tuple[Path, Path] | None = None):
+    """Start the server in its own process for a test or benchmark; stop it afterwards.
+    `tls`: (certificate, key) PEM files to serve https."""
     workdir.mkdir(parents=True, exist_ok=True)
     script_path, log_path = workdir / "script.json", workdir / "server-log.jsonl"
     script_path.write_text(json.dumps(script), encoding="utf-8")
+    tls_args = ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.scripted_server", "--script", str(script_path), "--log", str(log_path)],
+        [sys.executable, "-m", "tests.scripted_server", "--script", str(script_path), "--log", str(log_path),
+         *tls_args],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
     try:
         line = proc.stdout.readline()
         if not line.startswith("PORT "):
             raise RuntimeError(f"scripted server did not start: {line!r}")
-        yield Running(f"http://127.0.0.1:{int(line.split()[1])}", log_path)
+        scheme = "https" if tls else "http"
+        yield Running(f"{scheme}://127.0.0.1:{int(line.split()[1])}", log_path)
     finally:
         proc.terminate()
         try:
@@ -198,12 +217,12 @@ def running(script: dict, workdir: Path):
             proc.wait()
 
 
-async def _main(script_path: str, log_path: str, port: int) -> None:
+async def _main(script_path: str, log_path: str, port: int, tls: ssl.SSLContext | None) -> None:
     with open(script_path, encoding="utf-8") as f:
         script = json.load(f)
     runner = web.AppRunner(ScriptedServer(script, log_path).app(), access_log=None, handle_signals=True)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024)
+    site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024, ssl_context=tls)
     await site.start()
     print(f"PORT {site._server.sockets[0].getsockname()[1]}", flush=True)
     await asyncio.Event().wait()
@@ -214,8 +233,14 @@ if __name__ == "__main__":
     parser.add_argument("--script", required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--tls-cert", help="PEM certificate: serve https")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
     args = parser.parse_args()
+    context = None
+    if args.tls_cert:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(args.tls_cert, args.tls_key)
     try:
-        asyncio.run(_main(args.script, args.log, args.port))
+        asyncio.run(_main(args.script, args.log, args.port, context))
     except KeyboardInterrupt:
         sys.exit(0)

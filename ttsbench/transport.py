@@ -30,7 +30,7 @@ import ssl
 import struct
 import sys
 from dataclasses import dataclass, field
-from time import perf_counter, perf_counter_ns, time_ns
+from time import perf_counter, perf_counter_ns, sleep, time_ns
 from urllib.parse import urlsplit
 
 import h11
@@ -75,6 +75,29 @@ def _clock_offset_ns() -> int:
     before = perf_counter_ns()
     real = time_ns()
     return real - (before + perf_counter_ns()) // 2
+
+
+def _switch_on_kernel_stamps() -> socket.socket | None:
+    """A socket that keeps the kernel's receive stamping on while it is open. Linux switches stamping
+    on for the whole host when the first socket asks for it, in a deferred work item, and packets that
+    arrive before that carry no stamp; so ask before the first connection, and wait (at most 0.2 s)
+    until a datagram sent to the keeper itself comes back stamped."""
+    if _SO_TIMESTAMPNS is None:
+        return None
+    keeper = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        keeper.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        keeper.bind(("127.0.0.1", 0))
+        keeper.settimeout(0.2)
+        for _ in range(200):
+            keeper.sendto(b"?", keeper.getsockname())
+            if keeper.recvmsg(1, _ANC)[1]:
+                break
+            sleep(0.001)
+    except OSError:
+        keeper.close()
+        return None
+    return keeper
 
 
 class _Exchange:
@@ -312,6 +335,7 @@ class TimedHTTP:
         self.timeout = timeout
         self._addrs: asyncio.Future | None = None
         self._idle: list[_Connection] = []
+        self._stamps_on = _switch_on_kernel_stamps()
         self._to_send: collections.deque[tuple[_Connection, _Exchange, bytes]] = collections.deque()
         self._send_scheduled = False
         self.requests_by_clock: dict[str, int] = {}
@@ -426,3 +450,6 @@ class TimedHTTP:
         for conn in self._idle:
             conn.close()
         self._idle.clear()
+        if self._stamps_on is not None:
+            self._stamps_on.close()
+            self._stamps_on = None
