@@ -1,25 +1,26 @@
 """Does `ttsbench run` measure what the server did? A scripted server in its own process streams PCM
-on a known schedule and stamps every write on the shared monotonic clock; the harness's records must
-agree with those stamps within 2 ms at p99 at concurrency 1, 16 and 128, with failures mixed in.
+on a known schedule and stamps every write on the shared monotonic clock, right before the write; the
+harness's records must agree with those stamps within 2 ms at p99 at concurrency 1, 16 and 128, with
+failures mixed in, and nothing subtracted for the machine's own delays.
 
 What is compared is the client's own error (its stamp minus the server's write stamp), not the
-server's punctuality: on a shared 2-core machine the server may write late, and a correct harness
-then reports the late write. No process can stamp an arrival sooner than the operating system runs
-it, so the 2 ms bound is on top of the machine's scheduling delay, measured meanwhile by an idle
-probe process (tests/sched_noise.py): its longest delay, since a p99 over a few dozen streams is
-about their worst stamp (well under 1 ms on a quiet machine, tens of ms when other jobs load the CPUs).
+server's punctuality: on a shared machine the server may write late, and a correct harness then
+reports the late write. The client's stamps are the kernel's receive times (ttsbench/transport.py),
+so a busy client loop or a descheduled client process does not move them; the one way left to err is
+a stream whose next write arrives before the client read the previous one (the kernel merges the two,
+keeping the later stamp), which these schedules (20 ms or more between writes) leave room for.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import sys
 
 import numpy as np
 import pytest
 from rich.console import Console
 
-from tests.sched_noise import SchedulingNoise
 from tests.scripted_server import running
 from ttsbench import metrics, runner
 from ttsbench.loadgen import Level
@@ -67,14 +68,7 @@ def _p99(values) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("concurrency,n", [
-    (1, 64), (16, 64),
-    # Not met on the shared 2-core development machine: when many of the 128 streams finish and
-    # restart together, the single event loop spends tens of ms starting requests (~0.3 ms of aiohttp
-    # work each) while other streams' chunks wait (p99 ~30 ms; docs/performance.md, client capacity).
-    pytest.param(128, 256, marks=pytest.mark.xfail(reason="client loop busy with bursts of request starts "
-                                                          "at 128 synchronized streams", strict=False)),
-])
+@pytest.mark.parametrize("concurrency,n", [(1, 64), (16, 64), (128, 256)])
 def test_timings_match_the_servers_writes(server, concurrency, n):
     srv, dataset, workdir = server
     seen = len(srv.log())
@@ -82,16 +76,18 @@ def test_timings_match_the_servers_writes(server, concurrency, n):
                               levels=[Level("concurrency", concurrency)], num_requests=n, warmup=0,
                               timeout=TIMEOUT_S, save_audio=False)
     out = workdir / f"run-c{concurrency}"
-    with SchedulingNoise() as noise:
-        rows = runner.start_run(out, config, srv.url, None, ["test"], Console(file=io.StringIO()))
-    records = RunDir.open(out).records()
+    rows = runner.start_run(out, config, srv.url, None, ["test"], Console(file=io.StringIO()))
+    run = RunDir.open(out)
+    records = run.records()
     truth = srv.entries([r["text"] for r in records if scenario(int(r["text"].split()[1]))[0] in ("ok", "stall")],
                         since=seen)
     assert len(records) == n
+    if sys.platform.startswith("linux"):
+        assert run.run_info()["arrival_clock"] == "kernel"
 
     expected = {r["id"]: scenario(int(r["text"].split()[1]))[0] for r in records}
     errors = {}
-    ttfab_err, e2e_err, underrun_err = [], [], []
+    ttfab_err, e2e_err, underrun_err, stall_err = [], [], [], []
     for r in records:
         outcome = expected[r["id"]]
         if outcome in ("ok", "stall"):
@@ -106,25 +102,27 @@ def test_timings_match_the_servers_writes(server, concurrency, n):
             true_underrun, _ = metrics.underrun([(t, b / PCM_BYTES_PER_S) for t, b in writes])
             underrun_err.append((r["underrun_s"] - true_underrun) * 1000)
             if outcome == "stall":
-                # the scripted gap shows up as one starvation of about its length (exactly: of the
-                # length the server really caused, checked with the others at p99 below)
-                assert r["underrun_s"] == pytest.approx(STALL_S, abs=0.05), (r["chunks"], writes)
+                # the scripted 0.3 s gap happened (less what the server's own lateness ate of it), and the
+                # harness shows it as one starvation of the length the server really caused
+                assert true_underrun > STALL_S - 0.1, writes
                 assert r["underrun_max_s"] == r["underrun_s"]
+                stall_err.append(underrun_err[-1])
         else:
             assert not r["ok"] and r["error"] == outcome, (r["id"], r["error"], r["error_detail"])
             errors[outcome] = errors.get(outcome, 0) + 1
             assert r["rtf"] is None
 
-    # a stamp can never precede the write it records (small allowance for clock reads)
+    # a stamp can never precede the write it records (small allowance for reading the two clocks)
     assert min(ttfab_err) > -0.1 and min(e2e_err) > -0.1
     report = (f"c={concurrency}: |error| p99 ttfab {_p99(ttfab_err):.3f} ms, e2e {_p99(e2e_err):.3f} ms, "
-              f"underrun {_p99(underrun_err):.3f} ms over {len(ttfab_err)} streams; "
-              f"machine scheduling delay p99 {noise.p99_ms:.3f} ms, max {noise.max_ms:.3f} ms")
+              f"underrun {_p99(underrun_err):.3f} ms over {len(ttfab_err)} streams, "
+              f"stall underrun max {np.max(np.abs(stall_err)):.3f} ms over {len(stall_err)}; "
+              f"ttfab error max {np.max(ttfab_err):.3f} ms")
     print(report)
-    limit = 2.0 + noise.max_ms
-    assert _p99(ttfab_err) < limit, report
-    assert _p99(e2e_err) < limit, report
-    assert _p99(underrun_err) < limit, report
+    assert _p99(ttfab_err) < 2.0, report
+    assert _p99(e2e_err) < 2.0, report
+    assert _p99(underrun_err) < 2.0, report
+    assert np.max(np.abs(stall_err)) < 2.0, report
 
     # failures are counted and classified in the summary, and kept out of the latency figures
     (row,) = rows

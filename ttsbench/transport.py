@@ -237,9 +237,9 @@ class _Connection:
                 sec, nsec = unpack.unpack(stamp)
                 if sec:  # 0 while the kernel's stamping is still being switched on
                     t = (sec * 1_000_000_000 + nsec - ex.offset_ns) / 1e9
-        if t is None:
+        if t is None:  # no stamp: loop time (an end of stream never carries one, and needs none)
             t = perf_counter()
-            ex.loop_stamped = True
+            ex.loop_stamped = ex.loop_stamped or bool(data)
         try:
             eof = not data
             if self.tls is not None:
