@@ -18,9 +18,11 @@ to a scenario:
 Texts not in the script get `{"chunks": [[0, 4800]]}`. For every request, LOG receives one line:
 the text, headers and body fields (ref_audio shortened), the client's port (`peer_port`, to see
 connection reuse), and the server's own perf_counter stamps (the same monotonic clock as the client's
-on Linux): t_recv, writes [[t, n_audio_bytes], ...], t_eof. These stamps are the truth the harness is
-checked against, so each is taken right before its write, with nothing between it and the socket
-send but aiohttp's synchronous write path: a stamp is never later than its bytes leave.
+on Linux): t_recv; writes [[t, n_audio_bytes, t_sent], ...]; t_eof and t_eof_sent for the end of the
+body. These stamps are the truth the harness is checked against: `t` is taken right before the write
+and `t_sent` right after it, with nothing between them but aiohttp's synchronous write path and the
+socket send, so the bytes left in [t, t_sent] (almost always some 50 us wide; wider when the
+operating system preempted the server in between, which is no error of the client's).
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class ScriptedServer:
         body = await request.json()
         fields = {k: (v[:40] if k == "ref_audio" and isinstance(v, str) else v) for k, v in body.items()}
         peer = request.transport.get_extra_info("peername") if request.transport else None
-        entry = {"text": body.get("input"), "t_recv": t_recv, "writes": [], "t_eof": None,
+        entry = {"text": body.get("input"), "t_recv": t_recv, "writes": [], "t_eof": None, "t_eof_sent": None,
                  "fields": fields, "authorization": request.headers.get("Authorization"),
                  "peer_port": peer[1] if peer else None}
         sc = self.script.get(body.get("input"), {"chunks": [[0, 4800]]})
@@ -98,19 +100,25 @@ class ScriptedServer:
                                                 "param": None, "code": status}}, status=status)
         if form == "json":
             return web.json_response({"note": "not audio"})
-        if form == "flac":
+        if form == "flac":  # one write of the whole file, at the first chunk's time
             total = sum(n for _, n in chunks)
             samples = np.frombuffer(_pcm(total, 0), dtype="<i2")
             buf = io.BytesIO()
             soundfile.write(buf, samples, rate, format="FLAC", subtype="PCM_16")
+            flac = buf.getvalue()
+            resp = web.StreamResponse(headers={"Content-Type": "audio/flac"})
+            resp.content_length = len(flac)
+            await resp.prepare(request)
             await self._sleep_until(t_recv + chunks[0][0] / 1000)
-            entry["writes"].append([perf_counter(), total])
-            entry["t_eof"] = perf_counter()
-            return web.Response(body=buf.getvalue(), content_type="audio/flac")
+            await self._write(resp, flac, total, entry)
+            entry["t_eof"], entry["t_eof_sent"] = entry["writes"][-1][0], entry["writes"][-1][2]
+            await resp.write_eof()
+            return resp
         content_type = {"pcm": "audio/pcm", "wav": "audio/wav", "sse": "text/event-stream"}[form]
         resp = web.StreamResponse(headers={"Content-Type": sc.get("content_type", content_type)})
         header = _wav_header(rate, sc.get("wav_data_size") or 0xFFFFFFFF) if form == "wav" else b""
-        if sc.get("framing", "chunked") == "length":
+        length_framed = sc.get("framing", "chunked") == "length"
+        if length_framed:
             if form == "sse":
                 raise ValueError("framing 'length' is for pcm and wav answers")
             # a body cut short (reset, hang) announces one more chunk than it sends
@@ -124,8 +132,7 @@ class ScriptedServer:
             if form == "sse":
                 event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
                 data = f"event: speech.audio.delta\ndata: {json.dumps(event)}\n\n".encode()
-            entry["writes"].append([perf_counter(), n_bytes])
-            await resp.write(data)
+            await self._write(resp, data, n_bytes, entry)
         after = sc.get("after", "eof")
         if after == "reset":
             request.transport.abort()
@@ -134,10 +141,21 @@ class ScriptedServer:
             await asyncio.sleep(3600)
         if form == "sse" and sc.get("sse_done", True):
             await resp.write(b'data: {"type": "speech.audio.done"}\n\n')
-        # the end of a chunked body is its last write; of a Content-Length body, its last audio write
-        entry["t_eof"] = perf_counter() if resp.chunked else (entry["writes"][-1][0] if chunks else t_recv)
-        await resp.write_eof()
+        if not length_framed or not chunks:  # the end of a chunked body is its own write
+            entry["t_eof"] = perf_counter()
+            await resp.write_eof()
+            entry["t_eof_sent"] = perf_counter()
+        else:  # that of a Content-Length body, its last write
+            entry["t_eof"], entry["t_eof_sent"] = entry["writes"][-1][0], entry["writes"][-1][2]
+            await resp.write_eof()
         return resp
+
+    @staticmethod
+    async def _write(resp: web.StreamResponse, data: bytes, n_audio: int, entry: dict) -> None:
+        """Write, stamped right before and right after: the bytes leave in between."""
+        t_before = perf_counter()
+        await resp.write(data)
+        entry["writes"].append([t_before, n_audio, perf_counter()])
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "scripted-tts", "object": "model"}]})
