@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import platform
 import socket
 import ssl
@@ -31,12 +32,13 @@ import struct
 import sys
 from dataclasses import dataclass, field
 from time import perf_counter, perf_counter_ns, sleep, time_ns
+from typing import Callable
 from urllib.parse import urlsplit
 
 import h11
 
 _BUF = 1 << 16
-_SEND_BUDGET_S = 0.001
+_PACED_PER_ITERATION = 8
 # SO_TIMESTAMPNS (35 in asm-generic; parisc and sparc number it differently, so they use loop stamps).
 _SO_TIMESTAMPNS = (getattr(socket, "SO_TIMESTAMPNS", 35)
                    if sys.platform.startswith("linux") and not platform.machine().startswith(("parisc", "sparc"))
@@ -101,19 +103,22 @@ def _switch_on_kernel_stamps() -> socket.socket | None:
 
 
 class _Exchange:
-    """One request's reading state; the connection's read callback fills `raw`."""
-    __slots__ = ("raw", "offset_ns", "done", "loop_stamped", "timer", "sending")
+    """One request's reading state; the connection's read callback fills `raw`. When the answer is
+    complete (or failed), `finish` records the outcome and `hand_back` passes it on, paced."""
+    __slots__ = ("raw", "offset_ns", "done", "hand_back", "outcome", "loop_stamped", "timer", "sending")
 
-    def __init__(self, raw: RawResponse, done: asyncio.Future):
-        self.raw, self.done = raw, done
+    def __init__(self, raw: RawResponse, done: asyncio.Future, hand_back: Callable[[_Exchange], None]):
+        self.raw, self.done, self.hand_back = raw, done, hand_back
         self.offset_ns = _clock_offset_ns()
+        self.outcome: _Failure | bool | None = None  # None while in flight, then True or the failure
         self.loop_stamped = False
         self.timer: asyncio.TimerHandle | None = None
         self.sending: asyncio.Task | None = None  # the rest of a request the socket did not take at once
 
     def finish(self, failure: _Failure | None = None) -> None:
-        if not self.done.done():
-            self.done.set_result(failure)
+        if self.outcome is None:
+            self.outcome = failure or True
+            self.hand_back(self)
 
 
 class _Connection:
@@ -216,7 +221,7 @@ class _Connection:
 
     def _on_readable(self) -> None:
         ex = self.exchange
-        if ex.done.done():  # answered, failed or timed out: the request's coroutine takes over
+        if ex.outcome is not None:  # answered, failed or timed out: the request's coroutine takes over
             self.loop.remove_reader(self.sock.fileno())
             return
         try:
@@ -336,8 +341,7 @@ class TimedHTTP:
         self._addrs: asyncio.Future | None = None
         self._idle: list[_Connection] = []
         self._stamps_on = _switch_on_kernel_stamps()
-        self._to_send: collections.deque[tuple[_Connection, _Exchange, bytes]] = collections.deque()
-        self._send_scheduled = False
+        self._paced: collections.deque[Callable[[], None]] = collections.deque()
         self.requests_by_clock: dict[str, int] = {}
 
     async def _addresses(self, loop: asyncio.AbstractEventLoop) -> list:
@@ -373,13 +377,10 @@ class TimedHTTP:
             request = (http.send(h11.Request(method="POST", target=self.target,
                                              headers=[*self.headers, ("Content-Length", str(len(body)))]))
                        + http.send(h11.Data(data=body)) + http.send(h11.EndOfMessage()))
-            exchange = _Exchange(raw, loop.create_future())
+            exchange = _Exchange(raw, loop.create_future(), self._hand_back)
             exchange.timer = loop.call_at(deadline, exchange.finish,
                                           _Failure("timeout", f"no complete response within {self.timeout:g} s"))
-            self._to_send.append((conn, exchange, request))
-            if not self._send_scheduled:
-                self._send_scheduled = True
-                loop.call_soon(self._send_queued)
+            self._pace(functools.partial(self._send, conn, exchange, request))
             failure = await exchange.done
         except asyncio.TimeoutError:
             failure = _Failure("timeout", f"no complete response within {self.timeout:g} s")
@@ -413,31 +414,43 @@ class TimedHTTP:
             self.requests_by_clock[raw.clock] = self.requests_by_clock.get(raw.clock, 0) + 1
         return raw
 
-    def _send_queued(self) -> None:
-        """Send queued requests for up to _SEND_BUDGET_S, then let the loop read before sending more.
-        When many streams end together, their successors would otherwise all be sent in one loop
-        iteration (each send on loopback also wakes the server), and reading would wait tens of ms."""
-        loop = asyncio.get_running_loop()
-        queue, until = self._to_send, perf_counter() + _SEND_BUDGET_S
-        while queue:
-            conn, exchange, request = queue.popleft()
-            if exchange.done.done():  # timed out or cancelled while queued
-                continue
-            conn.start_reading(exchange)
-            exchange.raw.t_start = perf_counter()  # right before the request's bytes go out
-            try:
-                rest = conn.send_now(request)
-            except OSError as exc:
-                exchange.finish(_Failure("reset", _describe(exc)))
-                continue
-            if rest:
-                exchange.sending = loop.create_task(self._send_rest(conn, exchange, rest))
-            if perf_counter() > until:
-                break
-        if queue:
-            loop.call_soon(self._send_queued)
-        else:
-            self._send_scheduled = False
+    def _pace(self, step: Callable[[], None]) -> None:
+        self._paced.append(step)
+        if len(self._paced) == 1:
+            asyncio.get_running_loop().call_soon(self._run_paced)
+
+    def _run_paced(self) -> None:
+        """Start or end at most _PACED_PER_ITERATION requests per loop iteration, then let the loop read.
+        When many streams end together, their ends and the starts of their successors (the caller's
+        bookkeeping, a new request on the wire, which on loopback also wakes the server) would all run in
+        one iteration and hold every other stream's reading for tens of ms: long enough for a stream's
+        next chunk to merge with the unread one in the socket, under one arrival stamp."""
+        paced = self._paced
+        for _ in range(min(_PACED_PER_ITERATION, len(paced))):
+            paced.popleft()()
+        if paced:
+            asyncio.get_running_loop().call_soon(self._run_paced)
+
+    def _hand_back(self, exchange: _Exchange) -> None:
+        self._pace(functools.partial(self._wake, exchange))
+
+    @staticmethod
+    def _wake(exchange: _Exchange) -> None:
+        if not exchange.done.done():  # not cancelled
+            exchange.done.set_result(None if exchange.outcome is True else exchange.outcome)
+
+    def _send(self, conn: _Connection, exchange: _Exchange, request: bytes) -> None:
+        if exchange.outcome is not None or exchange.done.done():  # timed out or cancelled while queued
+            return
+        conn.start_reading(exchange)
+        exchange.raw.t_start = perf_counter()  # right before the request's bytes go out
+        try:
+            rest = conn.send_now(request)
+        except OSError as exc:
+            exchange.finish(_Failure("reset", _describe(exc)))
+            return
+        if rest:
+            exchange.sending = asyncio.get_running_loop().create_task(self._send_rest(conn, exchange, rest))
 
     @staticmethod
     async def _send_rest(conn: _Connection, exchange: _Exchange, rest: memoryview) -> None:
