@@ -7,7 +7,8 @@ client, not the server. Linux stamps every packet as it reaches the host (SO_TIM
 receive stamps) and recvmsg() hands the stamp over with the bytes, so a busy loop delays the reading,
 never the times. One limit remains: TCP merges segments that wait unread in the receive queue and
 keeps the newest stamp, so a stream's bytes keep their own arrival only while the loop reads each
-stream before that stream's next write comes (tens of ms for speech chunks, not 2 ms).
+stream before that stream's next write comes (tens of ms for speech chunks, not 2 ms). To keep the
+loop that prompt, request starts and ends are paced (_run_paced) so that reading runs between them.
 
 Stamps are CLOCK_REALTIME; they are moved onto perf_counter's clock (CLOCK_MONOTONIC) with one
 offset sampled when the request starts. NTP slews both clocks alike, so that offset only changes when
@@ -16,7 +17,8 @@ the wall clock is stepped (settimeofday, a leap second): a step during a request
 Where the kernel gives no stamps (not Linux, the option refused, a segment without one) the segment
 is stamped when the loop reads it, and `RawResponse.clock` says "loop" instead of "kernel".
 
-The timed path per segment is recvmsg, the HTTP framing (h11) and TLS record decryption, and an
+The send time (`t_start`) is stamped right before the request's bytes go out, after any connection
+setup. The timed path per segment is recvmsg, the HTTP framing (h11) and TLS record decryption, and an
 append; decoding and statistics wait until the request has ended (ttsbench.decode, ttsbench.metrics).
 """
 
@@ -79,11 +81,21 @@ def _clock_offset_ns() -> int:
     return real - (before + perf_counter_ns()) // 2
 
 
+def _stamp_ns(ancillary: list) -> int | None:
+    """The SO_TIMESTAMPNS stamp (CLOCK_REALTIME ns) in a recvmsg's ancillary data, if any."""
+    for level, kind, data in ancillary:
+        unpack = _TIMESPEC.get(len(data))
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and unpack is not None:
+            sec, nsec = unpack.unpack(data)
+            return sec * 1_000_000_000 + nsec
+    return None
+
+
 def _switch_on_kernel_stamps() -> socket.socket | None:
     """A socket that keeps the kernel's receive stamping on while it is open. Linux switches stamping
-    on for the whole host when the first socket asks for it, in a deferred work item, and packets that
-    arrive before that carry no stamp; so ask before the first connection, and wait (at most 0.2 s)
-    until a datagram sent to the keeper itself comes back stamped."""
+    on for the whole host when the first socket asks for it, in a deferred work item, and TCP segments
+    that arrive before that carry no stamp. So ask before the first connection, and wait (about 0.2 s
+    at most) until a datagram sent to the keeper itself is stamped while it is sent, not when read."""
     if _SO_TIMESTAMPNS is None:
         return None
     keeper = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -92,8 +104,11 @@ def _switch_on_kernel_stamps() -> socket.socket | None:
         keeper.bind(("127.0.0.1", 0))
         keeper.settimeout(0.2)
         for _ in range(200):
+            before = time_ns()
             keeper.sendto(b"?", keeper.getsockname())
-            if keeper.recvmsg(1, _ANC)[1]:
+            after = time_ns()
+            stamp = _stamp_ns(keeper.recvmsg(1, _ANC)[1])
+            if stamp is not None and before <= stamp <= after:
                 break
             sleep(0.001)
     except OSError:
@@ -234,15 +249,10 @@ class _Connection:
         except OSError as exc:
             ex.finish(_Failure("reset", _describe(exc)))
             return
-        t = None
-        if anc:
-            stamp = anc[0][2]
-            unpack = _TIMESPEC.get(len(stamp))
-            if unpack is not None:
-                sec, nsec = unpack.unpack(stamp)
-                if sec:  # 0 while the kernel's stamping is still being switched on
-                    t = (sec * 1_000_000_000 + nsec - ex.offset_ns) / 1e9
-        if t is None:  # no stamp: loop time (an end of stream never carries one, and needs none)
+        stamp = _stamp_ns(anc) if anc else None
+        if stamp is not None:
+            t = (stamp - ex.offset_ns) / 1e9
+        else:  # no stamp: loop time (an end of stream never carries one, and needs none)
             t = perf_counter()
             ex.loop_stamped = ex.loop_stamped or bool(data)
         try:
@@ -446,8 +456,8 @@ class TimedHTTP:
         exchange.raw.t_start = perf_counter()  # right before the request's bytes go out
         try:
             rest = conn.send_now(request)
-        except OSError as exc:
-            exchange.finish(_Failure("reset", _describe(exc)))
+        except Exception as exc:  # OSError (ssl.SSLError too); anything else must not stop the pacing
+            exchange.finish(_Failure("reset" if isinstance(exc, OSError) else "other", _describe(exc)))
             return
         if rest:
             exchange.sending = asyncio.get_running_loop().create_task(self._send_rest(conn, exchange, rest))
