@@ -106,7 +106,9 @@ class TalkerRunner:
 
     def _compile(self) -> None:
         """torch.compile every decoder layer in place (names unchanged) and the candidate sampler: fused
-        elementwise kernels (norms, RoPE, SwiGLU, sampling) before graph capture, which keeps kernels, not gaps."""
+        elementwise kernels (norms, RoPE, SwiGLU, sampling) before graph capture, which keeps kernels, not gaps.
+        Layers compile with dynamic shapes; warmup() traces the prefill shapes once (one request, and several of
+        different lengths), so prompts of any length and count run compiled without recompiling mid-serving."""
         import torch._dynamo
 
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
@@ -120,11 +122,6 @@ class TalkerRunner:
         """Work on the talker's stream. Everything the talker reads is made on it (prompts included) or
         before warmup's synchronisation, so it never waits on the default stream, where the codec works."""
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-
-    def _eager_prefill(self):
-        """Prompts come in every length: compiled layers would recompile for new shapes mid-serving, so
-        prefill runs them eagerly (one batched pass; the decode steps are what the compilation is for)."""
-        return torch.compiler.set_stance("force_eager") if self.compile_layers else contextlib.nullcontext()
 
     def describe(self) -> dict:
         return {"num_slots": self.num_slots, "buckets": list(self.buckets), "device": str(self.device),
@@ -177,8 +174,7 @@ class TalkerRunner:
                 limit = frame_limit(self.length_policy, request.text, limit)
             results[i] = (ref_codes, limit)
             built.append((slot, request, prompt))
-        with self._eager_prefill():
-            self._prefill_groups(built)
+        self._prefill_groups(built)
         return results
 
     def _prefill_groups(self, built: list) -> None:
@@ -358,12 +354,25 @@ class TalkerRunner:
             out = cp.model(x, pos, cache, pos, kv_len=j + 2, mask=None)
         return torch.stack(codes, dim=1)
 
+    def _trace_prefill_shapes(self) -> None:
+        """Prefill passes of one 17-position prompt and of three 19-position ones, on random inputs in a
+        scratch cache: compiles the dynamic-shape prefill graphs before any request arrives."""
+        cfg = self.talker.cfg.transformer
+        for n, length in ((1, 17), (3, 19), (2, 23)):
+            x = torch.randn(n, length, cfg.hidden_size, dtype=self.dtype, device=self.device)
+            positions = torch.arange(length, device=self.device).expand(n, length)
+            cache = (_CacheView(self.kv.k[:, :1], self.kv.v[:, :1]) if n == 1  # as _prefill_group: slot view
+                     else KVCache.for_stack(cfg, n, length, self.dtype, self.device))
+            self.talker.model(x, positions, cache, positions, kv_len=length, mask=None)
+
     def warmup(self) -> None:
         """Run every bucket's step once on empty slots (allocations, kernel selection, compilation), and capture
         the graphs of every (graph bucket, KV bucket); then clear the slots' state the passes touched."""
         with torch.inference_mode(), self._on_stream():
             for b in self.buckets:
                 self._step(b, 1, True)
+            if self.compile_layers:
+                self._trace_prefill_shapes()
             if self.graphs is not None:
                 for b in self.graph_buckets:
                     for kv in self.kv_buckets:
