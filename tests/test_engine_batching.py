@@ -99,3 +99,17 @@ def test_engine_cancel_frees_the_slot_and_others_go_on():
             await engine.shutdown()
 
     asyncio.run(main())
+
+
+def test_the_checkpoints_generation_config_reaches_the_api(tmp_path):
+    """The request defaults the server announces come from the loaded checkpoint's generation_config.json."""
+    import json
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(resolve_model("tiny-random"), ckpt)
+    config = json.loads((ckpt / "generation_config.json").read_text())
+    config.update(temperature=0.55, top_k=7, subtalker_dosample=False)
+    (ckpt / "generation_config.json").write_text(json.dumps(config))
+    _runner, _codec, info = load_stages(EngineConfig(model=str(ckpt), **CONFIG))
+    assert (info.generation.temperature, info.generation.top_k, info.generation.subtalker_dosample) == (0.55, 7, False)

@@ -4,6 +4,7 @@ import pytest
 
 from serving.api.errors import APIError
 from serving.api.protocol import Capabilities, parse_speech_request
+from serving.model.config import GenerationDefaults
 
 CUSTOM = Capabilities(model_names=("tiny", "/ckpt/tiny"), task_type="CustomVoice", speakers=("vivian", "ryan"),
                       languages=("auto", "english", "chinese"), supports_instructions=True)
@@ -115,3 +116,16 @@ def test_base_needs_a_reference():
     req = parse({"input": "a", "speaker_embedding": [0, 1, 2, 3]}, BASE)
     assert req.x_vector_only_mode and req.speaker_embedding == [0.0, 1.0, 2.0, 3.0]
     assert parse({"input": "a", "voice": "MyVoice"}, BASE).voice == "myvoice"
+
+
+def test_sampling_defaults_are_the_served_checkpoints_generation_config():
+    own = GenerationDefaults(temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.1, do_sample=False,
+                             subtalker_temperature=0.5, subtalker_top_k=10, subtalker_top_p=0.9,
+                             subtalker_dosample=False)
+    caps = Capabilities(model_names=("tiny",), task_type="CustomVoice", speakers=("vivian",), generation=own)
+    req = parse({"input": "Hello"}, caps)
+    assert (req.temperature, req.top_k, req.top_p, req.repetition_penalty, req.do_sample) == (0.7, 20, 0.8, 1.1, False)
+    assert (req.subtalker_temperature, req.subtalker_top_k, req.subtalker_top_p, req.subtalker_do_sample) == (
+        0.5, 10, 0.9, False)
+    explicit = parse({"input": "Hello", "temperature": 1.2, "subtalker_do_sample": True}, caps)
+    assert explicit.temperature == 1.2 and explicit.subtalker_do_sample is True and explicit.top_k == 20

@@ -7,10 +7,11 @@ What a field may hold depends on the loaded checkpoint (its task, speakers, lang
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from serving.api.errors import APIError, bad_request
+from serving.model.config import GenerationDefaults
 
 TASK_TYPES = ("CustomVoice", "VoiceDesign", "Base")
 RESPONSE_FORMATS = ("wav", "pcm", "flac", "mp3", "opus")
@@ -36,11 +37,13 @@ class Capabilities:
     speaker_embedding_dim: int | None = None  # x-vector size (Base)
     supports_instructions: bool = False
     max_chunk_frames: int = 25
+    generation: GenerationDefaults = field(default_factory=GenerationDefaults)  # generation_config.json: sampling defaults
 
 
 @dataclass
 class SpeechRequest:
-    """A validated request. Defaults follow the checkpoint's generation_config (and vllm-omni)."""
+    """A validated request. Sampling defaults are the served checkpoint's generation_config.json
+    (Capabilities.generation); the rest follow vllm-omni."""
 
     input: str
     task_type: str
@@ -195,6 +198,7 @@ def parse_speech_request(body: Any, caps: Capabilities, max_chunk_frames: int | 
         raise bad_request(f"streaming supports response_format {' or '.join(STREAMABLE_FORMATS)}, "
                           f"not {response_format!r}", "response_format")
 
+    g = caps.generation
     req = SpeechRequest(
         input=text,
         task_type=task_type,
@@ -214,16 +218,16 @@ def parse_speech_request(body: Any, caps: Capabilities, max_chunk_frames: int | 
         seed=f.integer("seed", None, 0, MAX_SEED),
         initial_codec_chunk_frames=f.integer("initial_codec_chunk_frames", None, 1,
                                              max_chunk_frames or caps.max_chunk_frames),
-        temperature=f.number("temperature", 0.9, 0.0, 5.0, lo_open=True),
-        top_k=f.integer("top_k", 50, 0, 100_000),
-        top_p=f.number("top_p", 1.0, 0.0, 1.0, lo_open=True),
-        repetition_penalty=f.number("repetition_penalty", 1.05, 0.0, 10.0, lo_open=True),
-        do_sample=f.boolean("do_sample", True),
+        temperature=f.number("temperature", g.temperature, 0.0, 5.0, lo_open=True),
+        top_k=f.integer("top_k", g.top_k, 0, 100_000),
+        top_p=f.number("top_p", g.top_p, 0.0, 1.0, lo_open=True),
+        repetition_penalty=f.number("repetition_penalty", g.repetition_penalty, 0.0, 10.0, lo_open=True),
+        do_sample=f.boolean("do_sample", g.do_sample),
         non_streaming_mode=f.boolean("non_streaming_mode", None),
-        subtalker_temperature=f.number("subtalker_temperature", 0.9, 0.0, 5.0, lo_open=True),
-        subtalker_top_k=f.integer("subtalker_top_k", 50, 0, 100_000),
-        subtalker_top_p=f.number("subtalker_top_p", 1.0, 0.0, 1.0, lo_open=True),
-        subtalker_do_sample=f.boolean("subtalker_do_sample", True),
+        subtalker_temperature=f.number("subtalker_temperature", g.subtalker_temperature, 0.0, 5.0, lo_open=True),
+        subtalker_top_k=f.integer("subtalker_top_k", g.subtalker_top_k, 0, 100_000),
+        subtalker_top_p=f.number("subtalker_top_p", g.subtalker_top_p, 0.0, 1.0, lo_open=True),
+        subtalker_do_sample=f.boolean("subtalker_do_sample", g.subtalker_dosample),
     )
     _check_task_fields(req, caps)
     return req

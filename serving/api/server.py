@@ -78,6 +78,7 @@ class SpeechServer:
                 speaker_embedding_dim=info.speaker_embedding_dim,
                 supports_instructions=info.supports_instructions,
                 max_chunk_frames=info.chunk_frames,
+                generation=info.generation,
             )
             self.voices = VoiceStore(self.voices_dir, reserved=self.caps.speakers)
             log.info("ready: %s (%s)", self.caps.model_names[0], info.task_type)

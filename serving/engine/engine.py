@@ -21,6 +21,7 @@ import numpy as np
 from serving.engine.codec_stage import CodecStream
 from serving.engine.request import GenerationRequest
 from serving.engine.scheduler import QueueFullError, Scheduler
+from serving.model.config import GenerationDefaults
 
 log = logging.getLogger("serving.engine")
 
@@ -76,6 +77,7 @@ class EngineInfo:
     supports_instructions: bool
     chunk_frames: int
     num_slots: int
+    generation: GenerationDefaults  # the checkpoint's generation_config.json: request defaults
 
 
 class RequestFailed(Exception):

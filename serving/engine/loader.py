@@ -115,7 +115,8 @@ def load_stages(config):
 
     num_slots = count_slots(config, model_cfg, talker_device, dtype)
     buckets = make_buckets(num_slots)
-    prompts = PromptBuilder(path, model, model_cfg, GenerationDefaults.from_dir(path), encoder, talker_device)
+    generation = GenerationDefaults.from_dir(path)
+    prompts = PromptBuilder(path, model, model_cfg, generation, encoder, talker_device)
     graphs = talker_device.type == "cuda" and not config.enforce_eager
     runner = TalkerRunner(model, prompts, num_slots=num_slots, max_model_len=config.max_model_len,
                           buckets=buckets, device=talker_device, dtype=dtype, cuda_graphs=graphs,
@@ -136,6 +137,7 @@ def load_stages(config):
         supports_instructions=task_type == "VoiceDesign" or (task_type == "CustomVoice" and not model_cfg.drops_instruct),
         chunk_frames=config.chunk_frames,
         num_slots=num_slots,
+        generation=generation,
     )
     log.info("loaded %s (%s) on %s/%s, %s; %d KV slots, buckets %s; codec state %d slots x %.1f MB", path, task_type,
              talker_device, codec_device, dtype, num_slots, list(buckets), codec_runner.num_slots,
