@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from serving.model.codec_config import CodecDecoderConfig
+from serving.model.layers import RMSNorm, rotate_half
 
 
 class Frames:
@@ -239,18 +240,6 @@ class SplitResidualVectorQuantizer(nn.Module):
 # --- transformer ------------------------------------------------------------------------------------------------
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
-
-
 class LayerScale(nn.Module):
     def __init__(self, dim: int, initial_scale: float):
         super().__init__()
@@ -266,11 +255,6 @@ def rope_tables(num_positions: int, head_dim: int, theta: float, device, dtype) 
     freqs_tk = torch.outer(torch.arange(num_positions, device=device, dtype=torch.float32), inv_freq)
     emb_tk = torch.cat((freqs_tk, freqs_tk), dim=-1)
     return emb_tk.cos().to(dtype), emb_tk.sin().to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class Attention(nn.Module):

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from serving.model.codec_config import CodecConfig, CodecEncoderConfig
-from serving.model.codec_decoder import rope_tables, rotate_half
+from serving.model.codec_decoder import rope_tables
+from serving.model.layers import rotate_half
 from serving.model.resample import resample
 
 
