@@ -20,7 +20,7 @@ import soundfile
 
 from tests.scripted_server import running
 from ttsbench import decode, metrics, transport
-from ttsbench.client import SpeechClient
+from ttsbench.client import SpeechClient, combine_clocks
 
 RATE_BYTES = 48000  # 24 kHz, 16-bit mono
 
@@ -299,6 +299,12 @@ def test_arrival_is_the_kernels_receive_time_not_the_loops(monkeypatch, clock):
         assert sent["before"] - 0.001 <= t_chunk <= sent["after"] + 0.001, (sent, t_chunk)
     else:
         assert t_chunk >= resumed
+
+
+def test_a_runs_clock_names_every_stamp():
+    assert combine_clocks([None, "kernel", "kernel"]) == "kernel"
+    assert combine_clocks(["loop", "kernel"]) == "mixed"
+    assert combine_clocks([None]) is None
 
 
 def test_malformed_response_is_other():
