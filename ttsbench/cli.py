@@ -323,6 +323,9 @@ def serve(
     max_graph_batch: int = typer.Option(128, min=1, help="Largest batch bucket with captured CUDA graphs; bigger steps run eagerly."),
     ignore_eos: bool = typer.Option(False, help="Benchmark mode for random weights: never stop at end-of-speech; each request stops at --length-policy."),
     length_policy: str = typer.Option("text", help="With --ignore-eos: text (frames for the input's spoken length: 15 chars/s, CJK 4.5 chars/s, capped by max_new_tokens) or max-new-tokens."),
+    codec_dtype: str = typer.Option("float32", help="Codec decoder weights and state: float32, bfloat16 or float16 (bf16 speed and quality not yet measured)."),
+    codec_graph_batches: Optional[str] = typer.Option(None, help="Batch sizes of the codec's CUDA graphs, e.g. 1,4,16 (default: 1, 2, 4, 8, 16; 'none': codec always eager). Each gets a graph per chunk size streaming produces."),
+    codec_graph_memory_gb: Optional[float] = typer.Option(None, min=0, help="Most GPU memory the codec's CUDA graphs may take; the largest buckets are dropped first (and run eagerly). Default: no limit; the startup log and /health list each graph's memory."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
     """Run the reference Qwen3-TTS server (OpenAI- and vllm-omni-compatible /v1/audio/speech)."""
@@ -339,7 +342,8 @@ def serve(
         chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames, left_context_frames=left_context_frames,
         host=host, port=port, api_key=api_key, voices_dir=voices_dir, served_model_name=served_model_name,
         enforce_eager=enforce_eager, compile=compile_, max_graph_batch=max_graph_batch, ignore_eos=ignore_eos,
-        length_policy=length_policy)
+        length_policy=length_policy, codec_dtype=codec_dtype, codec_graph_batches=codec_graph_batches,
+        codec_graph_memory_gb=codec_graph_memory_gb)
     try:
         serve_forever(options)
     except ValueError as e:  # bad option values, unknown model, offline without a cached checkpoint

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from serving.api.server import SpeechServer, run_server
 from serving.engine.checkpoint import cache_root, resolve_model
+from serving.engine.codec_graphs import parse_batches
 from serving.engine.engine import Engine, EngineConfig
 from serving.engine.loader import check_placement
 
@@ -38,6 +39,9 @@ class ServeOptions:
     max_graph_batch: int = 128
     ignore_eos: bool = False
     length_policy: str = "text"
+    codec_dtype: str = "float32"
+    codec_graph_batches: str | None = None  # "1,2,4,8,16", or "none"
+    codec_graph_memory_gb: float | None = None
 
 
 def build_server(options: ServeOptions) -> SpeechServer:
@@ -53,7 +57,9 @@ def build_server(options: ServeOptions) -> SpeechServer:
         max_model_len=options.max_model_len, chunk_frames=options.chunk_frames,
         first_chunk_frames=options.first_chunk_frames, left_context_frames=options.left_context_frames,
         enforce_eager=options.enforce_eager, compile=options.compile, max_graph_batch=options.max_graph_batch,
-        ignore_eos=options.ignore_eos, length_policy=options.length_policy)
+        ignore_eos=options.ignore_eos, length_policy=options.length_policy, codec_dtype=options.codec_dtype,
+        codec_graph_batches=parse_batches(options.codec_graph_batches),
+        codec_graph_memory_gb=options.codec_graph_memory_gb)
     check_placement(config)  # a bad device or dtype fails here, before the server listens
     voices_dir = options.voices_dir or cache_root() / "voices" / _safe(name)
     names = tuple(dict.fromkeys((name, options.model, str(path), path.name)))

@@ -10,6 +10,8 @@ the official pipeline prepends them and cuts the waveform of the reference prefi
 
 Slots are taken in arrival order when a stream's first chunk is due and given back when it retires; when all
 are taken a stream waits (its frames keep arriving) until one frees, so the pool bounds memory, not streams.
+On a GPU each call replays a CUDA graph of the step for the smallest (batch, frames) bucket that covers it
+(codec_graphs.py); calls beyond every bucket, and all calls on a CPU or with --enforce-eager, run eagerly.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from serving.engine.codec_graphs import CodecGraphReport, CodecGraphs, pad_rows, run_step
 from serving.model.codec_stream import IncrementalCodecDecoder
 
 
@@ -74,12 +77,17 @@ class CodecRunner:
     field only), so a cloned stream's first chunk is an ordinary row.
     """
 
-    def __init__(self, decoder: torch.nn.Module, device: torch.device, num_quantizers: int, num_slots: int):
+    def __init__(self, decoder: torch.nn.Module, device: torch.device, num_quantizers: int, num_slots: int,
+                 graph_buckets: tuple[tuple[int, int], ...] = (), graph_budget_bytes: int | None = None):
+        """graph_buckets: (batch, frames) shapes to capture at warm-up (none: every call runs eagerly);
+        graph_budget_bytes: the most memory they may take (None: no limit), the largest dropped first."""
         self.pool = IncrementalCodecDecoder(decoder, num_slots)
         self.device = device
         self.num_quantizers = num_quantizers
         self.samples_per_frame = decoder.samples_per_frame
         self._free = list(range(num_slots - 1, -1, -1))
+        self.graphs = CodecGraphs(self.pool, list(graph_buckets), num_quantizers, device) if graph_buckets else None
+        self.graph_budget_bytes = graph_budget_bytes
 
     @property
     def num_slots(self) -> int:
@@ -100,16 +108,54 @@ class CodecRunner:
             self._free.append(stream.slot)
             stream.slot = None
 
+    @property
+    def graph_report(self) -> CodecGraphReport | None:
+        return self.graphs.report if self.graphs is not None else None
+
+    def describe(self) -> dict:
+        """The codec's side of the engine's configuration (GET /health): device, dtype, state, graphs."""
+        param = next(self.pool.decoder.parameters())
+        d = {"codec_device": str(param.device), "codec_dtype": str(param.dtype).removeprefix("torch."),
+             "codec_slots": self.num_slots, "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
+        report = self.graph_report or CodecGraphReport((), (), 0, self.graph_budget_bytes)
+        return d | report.describe()
+
     @torch.inference_mode()
     def decode(self, chunks: list[CodecChunk]) -> list[np.ndarray]:
         """One float32 waveform per chunk: its new frames' samples."""
+        if not chunks:
+            return []
         self.pool.prime([(c.slot, torch.from_numpy(c.prime)) for c in chunks if c.prime is not None])
-        wavs = self.pool.decode([(c.slot, torch.from_numpy(c.codes), c.first and c.prime is None) for c in chunks])
-        return [wav.float().cpu().numpy() for wav in wavs]
+        rows = [(c.slot, c.codes, c.first and c.prime is None) for c in chunks]
+        self._check(rows)
+        lengths = [len(c.codes) for c in chunks]
+        frames = max(lengths)
+        bucket = self.graphs.covering(len(rows), frames) if self.graphs is not None else None
+        if bucket is not None:
+            wav = self.graphs.replay(bucket, *pad_rows(rows, *bucket, self.pool.scratch_slot, self.num_quantizers))
+        else:
+            codes, meta = pad_rows(rows, len(rows), frames, self.pool.scratch_slot, self.num_quantizers)
+            wav = run_step(self.pool, codes.to(self.device), meta.to(self.device))
+        host = wav[: len(rows), : frames * self.samples_per_frame].float().cpu().numpy()  # one copy, one sync
+        return [host[i, : n * self.samples_per_frame] for i, n in enumerate(lengths)]
+
+    def _check(self, rows: list[tuple[int, np.ndarray, bool]]) -> None:
+        """Clear errors on the host for what would be a device assert or a corrupted slot on the GPU."""
+        slots = [slot for slot, _, _ in rows]
+        if len(set(slots)) != len(slots) or not all(0 <= s < self.num_slots for s in slots):
+            raise ValueError(f"slots must be distinct and in [0, {self.num_slots}), got {slots}")
+        for _, codes, _ in rows:
+            if len(codes) < 1:
+                raise ValueError("every chunk needs at least one frame")
+            self.pool.decoder.check_codes(torch.from_numpy(codes)[None])
 
     def warmup(self, frame_counts: tuple[int, ...]) -> None:
-        """Decode silence at the chunk sizes streams use (allocations, kernel selection); every stream starts
-        its slot afresh, so what this leaves in slot 0 is never heard."""
+        """Decode silence at the chunk sizes streams use (allocations, kernel selection), then capture the
+        graphs; every stream starts its slot afresh, so what this leaves in slot 0 is never heard."""
         for frames in frame_counts:
             zeros = np.zeros((frames, self.num_quantizers), dtype=np.int64)
             self.decode([CodecChunk(0, zeros, True)])
+        if self.graphs is not None:
+            self.graphs.capture_all(self.graph_budget_bytes)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

@@ -14,10 +14,11 @@ import math
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from serving.engine.codec_graphs import CodecGraphReport
 from serving.engine.codec_stage import CodecStream
 from serving.engine.request import GenerationRequest
 from serving.engine.scheduler import QueueFullError, Scheduler
@@ -47,6 +48,9 @@ class EngineConfig:
     max_graph_batch: int = 128  # largest batch bucket with captured graphs; bigger steps run eagerly
     ignore_eos: bool = False  # benchmark mode for random weights: stop by length_policy, never at eos
     length_policy: str = "text"  # with ignore_eos: text (spoken length of the input) or max-new-tokens
+    codec_dtype: str = "float32"  # the codec decoder's weights and state (bf16 is untested for speed and quality)
+    codec_graph_batches: tuple[int, ...] | None = None  # codec graph batch buckets; None: 1, 2, 4, ... max_codec_batch
+    codec_graph_memory_gb: float | None = None  # most memory codec graphs may take (None: no limit)
 
     def __post_init__(self):
         for name in ("max_batch_size", "chunk_frames", "first_chunk_frames", "max_model_len", "max_codec_batch"):
@@ -58,6 +62,11 @@ class EngineConfig:
             raise ValueError("load_format must be auto or dummy")
         if self.max_graph_batch < 1:
             raise ValueError("max_graph_batch must be at least 1")
+        if self.codec_graph_memory_gb is not None and self.codec_graph_memory_gb < 0:
+            raise ValueError("codec_graph_memory_gb must be >= 0")
+        from serving.engine.codec_graphs import make_batch_buckets
+
+        make_batch_buckets(self.max_codec_batch, self.codec_graph_batches)  # raises for sizes no call can have
         from serving.engine.length_policy import POLICIES
 
         if self.length_policy not in POLICIES:
@@ -78,6 +87,7 @@ class EngineInfo:
     chunk_frames: int
     num_slots: int
     generation: GenerationDefaults  # the checkpoint's generation_config.json: request defaults
+    codec_graphs: CodecGraphReport | None = None  # set once the codec's graphs are captured (None: eager codec)
 
 
 class RequestFailed(Exception):
@@ -154,6 +164,7 @@ class Engine:
         await loop.run_in_executor(self._talker_pool, self.runner.warmup)
         await loop.run_in_executor(self._codec_pool, self.codec.warmup,
                                    (self.config.first_chunk_frames, self.config.chunk_frames))
+        self.info = replace(self.info, codec_graphs=self.codec.graph_report)
         self._tasks = [loop.create_task(self._talker_loop(), name="talker"),
                        loop.create_task(self._codec_loop(), name="codec")]
         self.ready = True
@@ -178,6 +189,8 @@ class Engine:
         d = asdict(self.config)
         if self.runner is not None:
             d.update(self.runner.describe())
+        if self.codec is not None:
+            d.update(self.codec.describe())
         return d
 
     # --- requests ----------------------------------------------------------------------------------------

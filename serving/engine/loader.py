@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from serving.engine.codec_graphs import make_batch_buckets, make_frame_buckets
 from serving.engine.codec_stage import CodecRunner
 from serving.engine.scheduler import make_buckets
 from serving.engine.talker_stage import TalkerRunner
@@ -50,6 +51,7 @@ def check_placement(config) -> None:
     talker = resolve_device(config.talker_device)
     resolve_device(config.codec_device, fallback=talker)
     resolve_dtype(config.dtype, talker)
+    resolve_dtype(config.codec_dtype, talker)
 
 
 def slot_bytes(model_cfg, max_model_len: int, dtype: torch.dtype) -> int:
@@ -81,6 +83,15 @@ def count_slots(config, model_cfg, device: torch.device, dtype: torch.dtype) -> 
     return slots
 
 
+def codec_graph_buckets(config, codec_device: torch.device) -> tuple[tuple[int, int], ...]:
+    """(batch, frames) shapes of the codec calls to capture: none on a CPU or with --enforce-eager."""
+    if codec_device.type != "cuda" or config.enforce_eager:
+        return ()
+    frames = make_frame_buckets(config.first_chunk_frames, config.chunk_frames)
+    return tuple((b, f) for b in make_batch_buckets(config.max_codec_batch, config.codec_graph_batches)
+                 for f in frames)
+
+
 def load_stages(config):
     """(TalkerRunner, CodecRunner, EngineInfo) for an EngineConfig. Raises ValueError for unusable options."""
     from serving.engine.engine import EngineInfo
@@ -110,7 +121,7 @@ def load_stages(config):
 
     codec = SpeechTokenizer.load(path / "speech_tokenizer", dtype="float32", device="cpu",
                                  load_format=config.load_format)
-    decoder = codec.decoder.to(codec_device).eval()
+    decoder = codec.decoder.to(codec_device, resolve_dtype(config.codec_dtype, codec_device)).eval()
     encoder = codec.encoder.to(talker_device).eval() if model_cfg.tts_model_type == "base" else None
 
     num_slots = count_slots(config, model_cfg, talker_device, dtype)
@@ -125,7 +136,10 @@ def load_stages(config):
                           ignore_eos=config.ignore_eos, length_policy=config.length_policy)
     # a codec slot per talker slot, and some for streams whose talker is done but whose audio is not yet out
     codec_runner = CodecRunner(decoder, codec_device, model_cfg.talker.num_code_groups,
-                               num_slots=num_slots + config.max_codec_batch)
+                               num_slots=num_slots + config.max_codec_batch,
+                               graph_buckets=codec_graph_buckets(config, codec_device),
+                               graph_budget_bytes=None if config.codec_graph_memory_gb is None
+                               else int(config.codec_graph_memory_gb * 1024**3))
     task_type = TASK_TYPES[model_cfg.tts_model_type]
     info = EngineInfo(
         model_name=config.model_name or path.name,

@@ -1,0 +1,207 @@
+"""CUDA graphs of the codec's incremental decode step, one per (batch bucket, frames bucket).
+
+A codec call is hundreds of small kernels: on an H100 a 4-frame call takes 22 ms, mostly launch gaps, while
+16 rows of 25 frames take 56 ms (docs/performance.md). Replaying a captured step removes the gaps. The captured
+function reads only static buffers (the rows' codes, slots, new-frame counts and first flags) and the
+incremental decoder's state pool, and writes the pool and one output buffer, so a replay needs only two
+host-to-device copies before it. A call replays the cheapest bucket that covers its rows and frames: extra
+rows use the pool's scratch slot with 0 new frames and a fresh start (their state stays zero, their samples
+are unread), extra frames are right padding (the decoder is causal and each row's state is gathered at its
+own chunk end, so padding changes none of a row's samples or state). Calls beyond every bucket run eagerly
+with their exact shapes.
+
+The frames buckets are the chunk sizes streaming produces: the first chunk (--first-chunk-frames), the steady
+chunk (--chunk-frames), and powers of two below it for short final chunks and request-level first chunks
+(initial_codec_chunk_frames, at most --chunk-frames), each padded up to the next bucket.
+
+Memory: all graphs share one pool, so the intermediates of one step are reused by the next graph's capture;
+each graph keeps its own output. Under a budget, buckets are captured cheapest first, each only if the memory
+taken so far plus its estimate (the peak of its eager step) fits, so the largest buckets are the ones dropped.
+On a CPU (tests) a bucket is only registered and its "replay" runs the same function eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from serving.engine.cuda_graphs import FrameGraphs
+from serving.model.codec_stream import IncrementalCodecDecoder
+
+log = logging.getLogger("serving.engine")
+
+Bucket = tuple[int, int]  # (batch, frames)
+
+
+def make_frame_buckets(first_chunk_frames: int, chunk_frames: int) -> tuple[int, ...]:
+    """The steady chunk, the first chunk, and powers of two below the steady chunk (final chunks and request
+    first chunks pad up to the next one: at most 2x the frames, usually far less)."""
+    if min(first_chunk_frames, chunk_frames) < 1:
+        raise ValueError("chunk sizes must be at least 1 frame")
+    sizes = {first_chunk_frames, chunk_frames}
+    size = 1
+    while size < chunk_frames:
+        sizes.add(size)
+        size *= 2
+    return tuple(sorted(sizes))
+
+
+def make_batch_buckets(max_codec_batch: int, batches: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """The codec batch sizes that get graphs: `batches` as given (each in [1, max_codec_batch]; empty: no
+    graphs), or powers of two below max_codec_batch and max_codec_batch itself."""
+    if batches is None:
+        batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b < max_codec_batch) + (max_codec_batch,)
+    if any(not 1 <= b <= max_codec_batch for b in batches):
+        raise ValueError(f"codec graph batch sizes must lie in [1, {max_codec_batch}] (the most chunks one codec "
+                         f"call decodes), got {list(batches)}")
+    return tuple(sorted(set(batches)))
+
+
+def parse_batches(text: str | None) -> tuple[int, ...] | None:
+    """'1,2,4,8' -> (1, 2, 4, 8); None or '' -> None (the default ladder); 'none' -> () (no codec graphs)."""
+    if text is None or not text.strip():
+        return None
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"--codec-graph-batches must be comma-separated integers or 'none', got {text!r}") from None
+
+
+def cover(buckets, batch: int, frames: int) -> Bucket | None:
+    """The cheapest bucket (fewest batch x frames, then fewest rows) with at least `batch` rows and `frames`
+    frames, or None."""
+    fits = [b for b in buckets if b[0] >= batch and b[1] >= frames]
+    return min(fits, key=lambda b: (b[0] * b[1], b[0])) if fits else None
+
+
+def keep_within_budget(order: list[Bucket], estimate: Callable[[Bucket], int], capture: Callable[[Bucket], int],
+                       budget_bytes: int | None) -> tuple[list[Bucket], list[Bucket]]:
+    """Capture buckets in `order` (cheapest first) while the memory taken so far plus the next one's estimate fits
+    the budget (None: no limit). capture(bucket) returns what it took. Returns (kept, dropped)."""
+    used, kept = 0, []
+    for i, bucket in enumerate(order):
+        if budget_bytes is not None and used + estimate(bucket) > budget_bytes:
+            return kept, order[i:]
+        used += capture(bucket)
+        kept.append(bucket)
+    return kept, []
+
+
+def pad_rows(rows: list[tuple[int, np.ndarray, bool]], batch: int, frames: int, scratch_slot: int,
+             num_quantizers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[(slot, codes (n, Q), first), ...] -> host tensors (codes (batch, frames, Q), meta (3, batch): slots,
+    new frames, first), rows right-padded to `frames` and the batch padded with scratch rows of 0 frames."""
+    codes = np.zeros((batch, frames, num_quantizers), dtype=np.int64)
+    meta = np.zeros((3, batch), dtype=np.int64)
+    meta[0], meta[2] = scratch_slot, 1
+    for i, (slot, row, first) in enumerate(rows):
+        codes[i, : len(row)] = row
+        meta[:, i] = slot, len(row), first
+    return torch.from_numpy(codes), torch.from_numpy(meta)
+
+
+def run_step(pool: IncrementalCodecDecoder, codes_btq: torch.Tensor, meta_3b: torch.Tensor) -> torch.Tensor:
+    """One decode step from a batch's codes and meta (slots, new frames, first): the function graphs capture."""
+    return pool.step(codes_btq, meta_3b[0], meta_3b[1], meta_3b[2].bool())
+
+
+@dataclass(frozen=True)
+class CodecGraphReport:
+    """What was captured: each graph's (batch, frames, bytes), the total, the budget and the buckets it dropped."""
+
+    graphs: tuple[tuple[int, int, int], ...]
+    dropped: tuple[Bucket, ...]
+    total_bytes: int
+    budget_bytes: int | None
+
+    def describe(self) -> dict:
+        return {"codec_graphs": [{"batch": b, "frames": f, "memory_bytes": m} for b, f, m in self.graphs],
+                "codec_graph_memory_bytes": self.total_bytes, "codec_graph_budget_bytes": self.budget_bytes,
+                "codec_graphs_dropped": [list(b) for b in self.dropped]}
+
+
+class CodecGraphs:
+    """Static buffers and captured steps per bucket; `run(rows)` decodes through the cheapest covering bucket."""
+
+    def __init__(self, pool: IncrementalCodecDecoder, buckets: list[Bucket], num_quantizers: int,
+                 device: torch.device):
+        self.pool = pool
+        self.buckets = sorted(set(buckets), key=lambda b: (b[0] * b[1], b[0]))
+        self.num_quantizers = num_quantizers
+        self.device = device
+        self.static: dict[Bucket, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.frame_graphs = FrameGraphs(self._captured, device) if device.type == "cuda" else None
+        self.memory: dict[Bucket, int] = {}  # bucket -> bytes: graph pool growth at capture + static inputs
+        self.report = CodecGraphReport((), (), 0, None)
+
+    def _captured(self, batch: int, frames: int) -> tuple[torch.Tensor]:
+        codes, meta = self.static[(batch, frames)]
+        return (run_step(self.pool, codes, meta),)
+
+    def _buffers(self, bucket: Bucket) -> tuple[torch.Tensor, torch.Tensor]:
+        """Static inputs at rest: every row a scratch row (what capture and warm-up decode)."""
+        codes, meta = pad_rows([], *bucket, self.pool.scratch_slot, self.num_quantizers)
+        return codes.to(self.device), meta.to(self.device)
+
+    @torch.inference_mode()
+    def capture_all(self, budget_bytes: int | None) -> CodecGraphReport:
+        """Estimate every bucket by an eager step, capture the cheapest first within the budget, log the result."""
+        estimates = {b: self._estimate(b) for b in self.buckets}
+        order = sorted(self.buckets, key=lambda b: (estimates[b], b[0] * b[1]))
+        kept, dropped = keep_within_budget(order, estimates.__getitem__, self._capture, budget_bytes)
+        for bucket in dropped:
+            del self.static[bucket]
+        self.report = CodecGraphReport(tuple((b, f, self.memory[(b, f)]) for b, f in sorted(kept)),
+                                       tuple(sorted(dropped)), sum(self.memory.values()), budget_bytes)
+        mib = 2**-20
+        log.info("codec graphs: %d captured, %.0f MiB in all%s: %s", len(kept), self.report.total_bytes * mib,
+                 "" if budget_bytes is None else f" (budget {budget_bytes * mib:.0f} MiB)",
+                 ", ".join(f"{b}x{f} {m * mib:.1f} MiB" for b, f, m in self.report.graphs) or "none")
+        if dropped:
+            log.warning("codec graphs: dropped %d bucket(s) (batch x frames) over the --codec-graph-memory-gb budget, "
+                        "they run eagerly: %s", len(dropped), ", ".join(f"{b}x{f}" for b, f in sorted(dropped)))
+        return self.report
+
+    def _estimate(self, bucket: Bucket) -> int:
+        """Bytes an eager step of the bucket allocates at its peak, beyond what was allocated before (0 on CPU)."""
+        self.static[bucket] = self._buffers(bucket)
+        if self.device.type != "cuda":
+            self._captured(*bucket)
+            return 0
+        torch.cuda.synchronize(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._captured(*bucket)
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device) - base
+
+    def _capture(self, bucket: Bucket) -> int:
+        codes, meta = self.static[bucket]
+        inputs = codes.numel() * codes.element_size() + meta.numel() * meta.element_size()
+        graph_bytes = 0
+        if self.frame_graphs is not None:
+            before = self.frame_graphs.memory_bytes
+            self.frame_graphs.capture(*bucket)
+            graph_bytes = self.frame_graphs.memory_bytes - before
+        self.memory[bucket] = graph_bytes + inputs
+        return self.memory[bucket]
+
+    def covering(self, batch: int, frames: int) -> Bucket | None:
+        return cover(self.memory, batch, frames)
+
+    @torch.inference_mode()
+    def replay(self, bucket: Bucket, codes_btq: torch.Tensor, meta_3b: torch.Tensor) -> torch.Tensor:
+        """Copy a padded batch (host tensors of the bucket's shapes) into the bucket's static inputs and run its
+        graph (on a CPU, the captured function eagerly). The output is the graph's: read it before the next call."""
+        codes, meta = self.static[bucket]
+        codes.copy_(codes_btq)
+        meta.copy_(meta_3b)
+        if self.frame_graphs is not None:
+            return self.frame_graphs.replay(*bucket)[0]
+        return self._captured(*bucket)[0]

@@ -1,0 +1,201 @@
+"""The codec's graph path on CPU (serving/engine/codec_graphs.py): buckets, padding, fallback and the memory budget.
+
+CUDA graphs cannot be captured here; on a CPU CodecGraphs registers each bucket and its replay runs the very
+function a graph captures (static inputs -> step) eagerly, so a padded call through a bucket must give the
+same samples and leave the same slot states as the exact-shape eager call. Different shapes change how
+float sums are blocked, so in float32 the two agree to rounding (~1e-6 of full scale); in float64 the samples
+are equal and the states agree to 1e-12, which rules out any leak of padding into a row.
+"""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from serving.engine.codec_graphs import (CodecGraphs, cover, keep_within_budget, make_batch_buckets,
+                                         make_frame_buckets, pad_rows, parse_batches)
+from serving.engine.codec_stage import CodecChunk, CodecRunner
+from serving.engine.engine import EngineConfig
+from serving.engine.loader import codec_graph_buckets
+from serving.model.codec_config import tiny_codec_config
+from serving.model.codec_decoder import CodecDecoder, init_random_
+
+Q = 16
+SLOTS = 4
+BUCKETS = ((1, 4), (2, 4), (4, 4), (2, 8), (4, 8), (4, 25))
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    dec = CodecDecoder(tiny_codec_config().decoder)
+    init_random_(dec, torch.Generator().manual_seed(0))
+    return dec.eval()
+
+
+def codes(n, seed):
+    return np.random.default_rng(seed).integers(0, 2048, size=(n, Q), dtype=np.int64)
+
+
+def graph_runner(decoder, buckets=BUCKETS, budget=None):
+    runner = CodecRunner(decoder, torch.device("cpu"), Q, SLOTS, graph_buckets=buckets, graph_budget_bytes=budget)
+    runner.replayed = []
+    replay = runner.graphs.replay
+    runner.graphs.replay = lambda bucket, *a: runner.replayed.append(bucket) or replay(bucket, *a)
+    return runner
+
+
+def slot_states(runner):
+    pool = runner.pool
+    buffers = list(pool.conv_state.values()) + [b for pair in pool.kv_state.values() for b in pair] + [pool.history]
+    return [b.clone() for b in buffers]
+
+
+def test_frame_buckets_are_the_chunk_sizes_streaming_produces():
+    assert make_frame_buckets(4, 25) == (1, 2, 4, 8, 16, 25)  # first, steady, finals / request first chunks
+    assert make_frame_buckets(3, 12) == (1, 2, 3, 4, 8, 12)
+    assert make_frame_buckets(25, 25) == (1, 2, 4, 8, 16, 25)
+    with pytest.raises(ValueError):
+        make_frame_buckets(0, 25)
+
+
+def test_batch_buckets_default_ladder_flag_and_bad_sizes():
+    assert make_batch_buckets(16) == (1, 2, 4, 8, 16)
+    assert make_batch_buckets(12) == (1, 2, 4, 8, 12)
+    assert make_batch_buckets(16, (8, 1, 8)) == (1, 8)
+    assert make_batch_buckets(16, ()) == ()
+    with pytest.raises(ValueError, match=r"\[1, 16\]"):
+        make_batch_buckets(16, (1, 32))
+    assert parse_batches("1, 4,16") == (1, 4, 16) and parse_batches(None) is None and parse_batches("none") == ()
+    with pytest.raises(ValueError, match="comma-separated"):
+        parse_batches("1;4")
+    with pytest.raises(ValueError, match=r"\[1, 16\]"):
+        EngineConfig(model="x", codec_graph_batches=(64,))
+    with pytest.raises(ValueError, match="codec_graph_memory_gb"):
+        EngineConfig(model="x", codec_graph_memory_gb=-1)
+
+
+def test_loader_captures_codec_graphs_only_on_cuda_without_enforce_eager():
+    config = EngineConfig(model="x", first_chunk_frames=4, chunk_frames=25, max_codec_batch=4)
+    buckets = codec_graph_buckets(config, torch.device("cuda"))
+    assert buckets == tuple((b, f) for b in (1, 2, 4) for f in (1, 2, 4, 8, 16, 25))
+    assert codec_graph_buckets(config, torch.device("cpu")) == ()
+    eager = EngineConfig(model="x", enforce_eager=True)
+    assert codec_graph_buckets(eager, torch.device("cuda")) == ()
+    only = EngineConfig(model="x", codec_graph_batches=(16,))
+    assert {b for b, _ in codec_graph_buckets(only, torch.device("cuda"))} == {16}
+
+
+def test_cover_picks_the_cheapest_bucket_that_fits():
+    assert cover(BUCKETS, 1, 3) == (1, 4)
+    assert cover(BUCKETS, 3, 4) == (4, 4)
+    assert cover(BUCKETS, 2, 5) == (2, 8)
+    assert cover(BUCKETS, 3, 9) == (4, 25)
+    assert cover(BUCKETS, 5, 1) is None and cover(BUCKETS, 1, 26) is None
+    assert cover([(4, 8), (8, 4)], 1, 1) == (4, 8)  # equal cost: fewer rows
+
+
+def test_pad_rows_fills_scratch_rows_and_right_pads_frames():
+    a, b = codes(3, 1), codes(1, 2)
+    batch, meta = pad_rows([(2, a, True), (0, b, False)], 4, 8, scratch_slot=9, num_quantizers=Q)
+    assert batch.shape == (4, 8, Q) and meta.tolist() == [[2, 0, 9, 9], [3, 1, 0, 0], [1, 0, 1, 1]]
+    assert np.array_equal(batch[0, :3].numpy(), a) and np.array_equal(batch[1, :1].numpy(), b)
+    assert not batch[0, 3:].any() and not batch[1, 1:].any() and not batch[2:].any()
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-4)])
+def test_padded_calls_equal_the_exact_eager_calls_samples_and_slot_states(decoder, dtype, tol):
+    """Four steps of a stream mix: first chunks of different lengths (scratch rows + right padding), a 1-frame
+    final chunk beside a longer one, a reused slot starting afresh, and a steady chunk alone."""
+    decoder = copy.deepcopy(decoder).to(dtype)
+    graphs, eager = graph_runner(decoder), CodecRunner(decoder, torch.device("cpu"), Q, SLOTS)
+    graphs.graphs.capture_all(None)
+    steps = [
+        [CodecChunk(0, codes(4, 1), True), CodecChunk(1, codes(3, 2), True), CodecChunk(3, codes(2, 3), True)],
+        [CodecChunk(1, codes(7, 4), False), CodecChunk(0, codes(1, 5), False)],
+        [CodecChunk(3, codes(4, 6), False), CodecChunk(2, codes(2, 7), True), CodecChunk(0, codes(3, 8), True)],
+        [CodecChunk(2, codes(25, 9), False)],
+    ]
+    for step in steps:
+        got, want = graphs.decode(step), eager.decode(step)
+        assert [len(w) for w in got] == [len(c.codes) * decoder.samples_per_frame for c in step]
+        for g, w in zip(got, want):
+            assert np.array_equal(g, w) if dtype == torch.float64 else np.abs(g - w).max() < 1e-5
+        for g, w in zip(slot_states(graphs), slot_states(eager)):
+            assert torch.allclose(g[:SLOTS], w[:SLOTS], rtol=tol, atol=tol)
+            assert not g[SLOTS].any()  # the scratch slot only ever holds zeros
+    assert graphs.replayed == [(4, 4), (2, 8), (4, 4), (4, 25)]
+
+
+def test_calls_beyond_the_largest_bucket_run_eagerly(decoder):
+    runner = graph_runner(decoder, buckets=((2, 4),))
+    runner.graphs.capture_all(None)
+    eager = CodecRunner(decoder, torch.device("cpu"), Q, SLOTS)
+    for step in ([CodecChunk(s, codes(2, s), True) for s in range(3)],  # more rows than any bucket
+                 [CodecChunk(0, codes(5, 9), False)]):                    # more frames than any bucket
+        for g, w in zip(runner.decode(step), eager.decode(step)):
+            assert np.array_equal(g, w)
+    assert runner.replayed == []
+    runner.decode([CodecChunk(1, codes(3, 4), False)])
+    assert runner.replayed == [(2, 4)]
+
+
+def test_budget_keeps_the_cheapest_buckets_and_drops_the_largest():
+    estimate = {(1, 4): 10, (1, 25): 40, (4, 25): 150, (16, 25): 600}
+    taken = {(1, 4): 10, (1, 25): 30, (4, 25): 110, (16, 25): 420}  # shared pool: less than the estimates
+    order = sorted(estimate, key=estimate.get)
+    captured = []
+
+    def capture(bucket):
+        captured.append(bucket)
+        return taken[bucket]
+
+    assert keep_within_budget(order, estimate.get, capture, None) == (order, [])
+    captured.clear()
+    kept, dropped = keep_within_budget(order, estimate.get, capture, 200)  # 10 + 30 + 150 fits, + 600 does not
+    assert kept == captured == [(1, 4), (1, 25), (4, 25)] and dropped == [(16, 25)]
+    assert keep_within_budget(order, estimate.get, capture, 5) == ([], order)
+
+
+class SizedGraphs(CodecGraphs):
+    """Each bucket's estimate and captured memory are batch x frames KiB, as they grow with it on a GPU."""
+
+    def _estimate(self, bucket):
+        super()._estimate(bucket)
+        return bucket[0] * bucket[1] * 1024
+
+    def _capture(self, bucket):
+        self.memory[bucket] = super()._capture(bucket) + bucket[0] * bucket[1] * 1024
+        return self.memory[bucket]
+
+
+def test_runner_under_a_budget_reports_what_it_kept_and_runs_the_rest_eagerly(decoder, caplog):
+    runner = CodecRunner(decoder, torch.device("cpu"), Q, SLOTS, graph_budget_bytes=40 * 1024)
+    runner.graphs = SizedGraphs(runner.pool, list(BUCKETS), Q, torch.device("cpu"))
+    with caplog.at_level("INFO", logger="serving.engine"):
+        runner.warmup((4,))
+    report = runner.graph_report
+    # cheapest first: 1x4 (4 KiB), 2x4 (8), 2x8 (16) take 28 KiB and their inputs; 4x4 (16) would pass 40
+    assert [(b, f) for b, f, _ in report.graphs] == [(1, 4), (2, 4), (2, 8)]
+    assert report.dropped == ((4, 4), (4, 8), (4, 25)) and report.budget_bytes == 40 * 1024
+    assert report.total_bytes == sum(m for _, _, m in report.graphs) > 28 * 1024
+    assert "dropped 3 bucket(s)" in caplog.text and "4x4, 4x8, 4x25" in caplog.text
+    assert "3 captured" in caplog.text and "2x8 0.0" in caplog.text
+    described = runner.describe()
+    assert described["codec_graph_memory_bytes"] == report.total_bytes
+    assert described["codec_graphs_dropped"] == [[4, 4], [4, 8], [4, 25]]
+    assert runner.graphs.covering(2, 5) == (2, 8) and runner.graphs.covering(3, 1) is None  # dropped: eager
+    out = runner.decode([CodecChunk(s, codes(2 + s, s), True) for s in range(3)])
+    assert [len(w) for w in out] == [(2 + s) * decoder.samples_per_frame for s in range(3)]
+
+
+def test_codec_dtype_is_a_load_option(decoder):
+    from serving.engine.checkpoint import resolve_model
+    from serving.engine.loader import load_stages
+
+    config = EngineConfig(model=str(resolve_model("tiny-random")), max_batch_size=2, max_model_len=64,
+                          codec_dtype="bfloat16")
+    _talker, codec, _info = load_stages(config)
+    assert codec.describe()["codec_dtype"] == "bfloat16" and codec.describe()["codec_graphs"] == []
+    wav = codec.decode([CodecChunk(0, codes(3, 1), True)])[0]
+    assert wav.dtype == np.float32 and wav.shape == (3 * codec.samples_per_frame,) and np.isfinite(wav).all()
