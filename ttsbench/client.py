@@ -46,12 +46,12 @@ class SpeechClient:
 
     async def __aenter__(self) -> "SpeechClient":
         auth = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self._session = aiohttp.ClientSession(
-            headers=auth, connector=aiohttp.TCPConnector(ssl=self.ssl_context or True))
-        self._speech = TimedHTTP(self.base_url + "/v1/audio/speech",
+        self._speech = TimedHTTP(self.base_url + "/v1/audio/speech",  # first: it checks the URL
                                  {"Content-Type": "application/json", "Accept": "*/*",
                                   "User-Agent": f"ttsbench/{ttsbench.__version__}", **auth},
                                  self.timeout, self.ssl_context)
+        self._session = aiohttp.ClientSession(
+            headers=auth, connector=aiohttp.TCPConnector(ssl=self.ssl_context or True))
         return self
 
     async def __aexit__(self, *exc) -> None:
