@@ -1,11 +1,14 @@
 #!/bin/bash
 # The side-by-side GPU benchmark of the reference stack, in one invocation on one GPU (docs/performance.md).
 #
-#   bash benchmarks/gpu_bench.sh [stages]        default stages: env decode serve peers table
+#   bash benchmarks/gpu_bench.sh [stages]        default stages: env decode codec serve peers table
 #
 #   env     versions, GPU, which of our dependencies import
 #   decode  benchmarks/decode_bench.py: ms per frame by batch size (eager / graphs / compiled + graphs) vs the
 #           HBM floor, and per-kernel profiles of eager steps
+#   codec   benchmarks/codec_graph_bench.py: codec call time per (batch, frames) bucket, eager vs CUDA graph, and
+#           each graph's memory, for each of CODEC_DTYPES (float32 bfloat16): the numbers --codec-dtype and
+#           --codec-graph-memory-gb need
 #   serve   `ttsbench serve` on a random checkpoint written by serving/model/checkpoint.py (--ignore-eos, text
 #           length policy), `ttsbench run` against it over loopback: CustomVoice (custom) and voice clone
 #           (Base checkpoint, clone), short and long sets, at each of LEVELS
@@ -15,7 +18,7 @@
 #
 # Knobs (environment): OUT (results; default /tmp/gpu_bench), SIZE (0.6B | 1.7B), LEVELS (1,8,32,64,128),
 # TASKS (custom clone), SETS (short long), SERVE_ARGS (extra `ttsbench serve` options), DECODE_ARGS,
-# PEER_STAGES (fastB official), WHEELS (folder of wheels to install first; default .peer-bench/whl/common).
+# CODEC_DTYPES, CODEC_ARGS, PEER_STAGES (fastB official), WHEELS (folder of wheels to install first; default .peer-bench/whl/common).
 # Results: $OUT/table.md, $OUT/decode.log, and $OUT/raw.tgz (env, decode.json, kernel profiles, server logs,
 # runs.tgz: the run directories without audio, peer JSON).
 set -u
@@ -26,7 +29,7 @@ SIZE=${SIZE:-0.6B}
 LEVELS=${LEVELS:-1,8,32,64,128}
 TASKS=${TASKS:-custom clone}
 SETS=${SETS:-short long}
-STAGES=${*:-env decode serve peers table}
+STAGES=${*:-env decode codec serve peers table}
 WORK=/tmp/gpu_bench_work; mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 T0=$(date +%s)
@@ -69,6 +72,13 @@ EOF
     say decode
     python3 benchmarks/decode_bench.py --model "$(checkpoint custom_voice)" --json "$OUT/decode.json" \
       --profile "$OUT/profile.txt" ${DECODE_ARGS:-} 2>&1 | grep -v "^W[0-9]" | tee "$OUT/decode.log"
+    ;;
+  codec)
+    for dt in ${CODEC_DTYPES:-float32 bfloat16}; do
+      say "codec graphs ($dt)"
+      python3 benchmarks/codec_graph_bench.py --device cuda --dtype "$dt" --json "$OUT/codec-graphs-$dt.json" \
+        ${CODEC_ARGS:-} 2>&1 | grep -v "^W[0-9]" | tee "$OUT/codec-graphs-$dt.md"
+    done
     ;;
   serve)
     rm -rf "$WORK/runs"; mkdir -p "$WORK/runs"
