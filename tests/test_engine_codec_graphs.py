@@ -189,13 +189,28 @@ def test_runner_under_a_budget_reports_what_it_kept_and_runs_the_rest_eagerly(de
     assert [len(w) for w in out] == [(2 + s) * decoder.samples_per_frame for s in range(3)]
 
 
-def test_codec_dtype_is_a_load_option(decoder):
-    from serving.engine.checkpoint import resolve_model
-    from serving.engine.loader import load_stages
+def test_engine_reports_codec_dtype_and_graphs(decoder):
+    """--codec-dtype reaches the decoder; GET /health's engine dict (config_dict) carries the codec's graphs,
+    none on a CPU, and EngineInfo says the codec is eager."""
+    import asyncio
 
-    config = EngineConfig(model=str(resolve_model("tiny-random")), max_batch_size=2, max_model_len=64,
-                          codec_dtype="bfloat16")
-    _talker, codec, _info = load_stages(config)
-    assert codec.describe()["codec_dtype"] == "bfloat16" and codec.describe()["codec_graphs"] == []
-    wav = codec.decode([CodecChunk(0, codes(3, 1), True)])[0]
-    assert wav.dtype == np.float32 and wav.shape == (3 * codec.samples_per_frame,) and np.isfinite(wav).all()
+    from serving.engine.checkpoint import resolve_model
+    from serving.engine.engine import Engine
+
+    async def started():
+        engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), max_batch_size=2, max_model_len=64,
+                                     codec_dtype="bfloat16", codec_graph_memory_gb=0.5))
+        await engine.start()
+        try:
+            wav = await asyncio.get_running_loop().run_in_executor(
+                engine._codec_pool, engine.codec.decode, [CodecChunk(0, codes(3, 1), True)])
+            return engine.config_dict(), engine.info, wav[0]
+        finally:
+            await engine.shutdown()
+
+    described, info, wav = asyncio.run(started())
+    assert described["codec_dtype"] == "bfloat16" and described["codec_graphs"] == []
+    assert described["codec_graph_memory_bytes"] == 0 and described["codec_graph_budget_bytes"] == 2**29
+    assert described["codec_graph_memory_gb"] == 0.5 and described["codec_slots"] >= 2
+    assert info.codec_graphs is None
+    assert wav.dtype == np.float32 and wav.shape == (3 * 1920,) and np.isfinite(wav).all()

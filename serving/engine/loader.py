@@ -153,7 +153,8 @@ def load_stages(config):
         num_slots=num_slots,
         generation=generation,
     )
-    log.info("loaded %s (%s) on %s/%s, %s; %d KV slots, buckets %s; codec state %d slots x %.1f MB", path, task_type,
-             talker_device, codec_device, dtype, num_slots, list(buckets), codec_runner.num_slots,
-             codec_runner.pool.state_bytes_per_slot / 2**20)
+    log.info("loaded %s (%s) on %s/%s, %s; %d KV slots, buckets %s; codec %s, state %d slots x %.1f MB, %d graph "
+             "buckets to capture", path, task_type, talker_device, codec_device, dtype, num_slots, list(buckets),
+             config.codec_dtype, codec_runner.num_slots, codec_runner.pool.state_bytes_per_slot / 2**20,
+             len(codec_runner.graphs.buckets) if codec_runner.graphs is not None else 0)
     return runner, codec_runner, info
