@@ -57,6 +57,31 @@ def eager_peak(runner: CodecRunner, chunks: list[CodecChunk], device: torch.devi
     return torch.cuda.max_memory_allocated(device) - base
 
 
+def random_decoder(cfg) -> CodecDecoder:
+    decoder = CodecDecoder(cfg).eval()
+    init_random_(decoder, torch.Generator().manual_seed(0))
+    return decoder
+
+
+def dtype_drift(decoder: CodecDecoder, cfg, device: torch.device, args) -> dict:
+    """How far the --dtype decode of one stream is from float32 on the same weights (the quality question of
+    --codec-dtype, as numerics; a listening or ASR check needs real weights)."""
+    frames = args.first_chunk + 4 * args.chunk
+    codes = np.random.default_rng(1).integers(0, cfg.codebook_size, (frames, cfg.num_quantizers))
+    out = []
+    for dec in (decoder, random_decoder(cfg).to(device)):  # the same weights, never rounded
+        runner, start, pieces = CodecRunner(dec, device, cfg.num_quantizers, 1), 0, []
+        while start < frames:
+            n = min(args.first_chunk if start == 0 else args.chunk, frames - start)
+            pieces.append(runner.decode([CodecChunk(0, codes[start:start + n], start == 0)])[0])
+            start += n
+        out.append(np.concatenate(pieces))
+    low, ref = out
+    err = low - ref
+    snr = 10 * np.log10(float((ref ** 2).sum()) / max(float((err ** 2).sum()), 1e-30))
+    return {"frames": frames, "max_abs": float(np.abs(err).max()), "snr_db": round(snr, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,2,4,8,16", help="batch buckets (the server's default ladder)")
@@ -76,9 +101,7 @@ def main() -> None:
     frames = make_frame_buckets(args.first_chunk, args.chunk)
     buckets = tuple((b, f) for b in make_batch_buckets(max_batch, batches) for f in frames)
     cfg = (tiny_codec_config() if args.tiny else released_codec_config()).decoder
-    decoder = CodecDecoder(cfg).eval()
-    init_random_(decoder, torch.Generator().manual_seed(0))
-    decoder = decoder.to(device, dtype)
+    decoder = random_decoder(cfg).to(device, dtype)
     q = cfg.num_quantizers
     eager = CodecRunner(decoder, device, q, max_batch)
     graphs = CodecRunner(decoder, device, q, max_batch, graph_buckets=buckets,
@@ -117,10 +140,14 @@ def main() -> None:
         mib = "-" if row["graph_memory_bytes"] is None else f"{row['graph_memory_bytes'] / 2**20:.1f}"
         print(f"| {b} | {f} | {e:.2f} | {f'{g:.2f}' if covered else 'eager (dropped)'} | "
               f"{f'{e / g:.1f}x' if covered else '-'} | {mib} | {'-' if peak is None else f'{peak / 2**20:.0f}'} |")
+    drift = dtype_drift(decoder, cfg, device, args) if dtype != torch.float32 else None
+    if drift is not None:
+        print(f"{args.dtype} vs float32, one {drift['frames']}-frame stream in chunks of {args.chunk}: max abs "
+              f"{drift['max_abs']:.2e}, SNR {drift['snr_db']:.1f} dB (random weights: numerics only, not quality)")
     if args.json:
         args.json.write_text(json.dumps({"device": args.device, "dtype": args.dtype, "tiny": args.tiny,
                                          "torch": torch.__version__, "capture_s": round(capture_s, 2),
-                                         "report": report.describe(), "rows": rows}, indent=1) + "\n")
+                                         "report": report.describe(), "rows": rows, "dtype_drift": drift}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
