@@ -74,7 +74,8 @@ class CodecRunner:
 
     Rows of one step differ in slot, position and length (right-padded; the decoder is causal). Priming codes
     go through the pool's prime() first (the transformer over all of them, the vocoder over its receptive
-    field only), so a cloned stream's first chunk is an ordinary row.
+    field only), so a cloned stream's first chunk is an ordinary row; priming always runs eagerly (its length
+    follows the reference), the rows then replay a graph like any other.
     """
 
     def __init__(self, decoder: torch.nn.Module, device: torch.device, num_quantizers: int, num_slots: int,
