@@ -301,10 +301,17 @@ class SpeechServer:
                 chunk = await anext(chunks)
             except StopAsyncIteration:
                 break
-            except RequestFailed:
+            except RequestFailed as exc:
                 if first:
                     raise
-                log.exception("request %s failed mid-stream; closing it short", headers["X-Request-Id"])
+                log.error("request %s failed mid-stream: %s", headers["X-Request-Id"], exc)
+                if sse:  # an OpenAI-style error event, and no speech.audio.done
+                    await response.write(audio.sse_event({"type": "error", "error": {
+                        "message": str(exc), "type": "server_error", "code": "generation_failed"}}))
+                    await response.write_eof()
+                elif request.transport is not None:
+                    # no final chunk: the client sees a broken body, never a short answer that looks complete
+                    request.transport.abort()
                 return response
             chunk = audio.time_stretch(chunk, req.speed)
             pcm = audio.to_pcm16(chunk)
