@@ -10,22 +10,28 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from serving.model.config import GenerationDefaults
+
 TASKS = ("CustomVoice", "VoiceDesign", "Base")
+
+
+_OFFICIAL = GenerationDefaults()  # generation_config.json's values when a checkpoint omits them
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Talker (code 0) and sub-talker (codes 1-15) sampling; the defaults are generation_config.json's."""
+    """Talker (code 0) and sub-talker (codes 1-15) sampling. The server fills every field from the request and
+    the loaded checkpoint's generation_config.json; these defaults serve direct users of the engine."""
 
-    temperature: float = 0.9
-    top_k: int = 50
-    top_p: float = 1.0
-    repetition_penalty: float = 1.05
-    do_sample: bool = True
-    subtalker_temperature: float = 0.9
-    subtalker_top_k: int = 50
-    subtalker_top_p: float = 1.0
-    subtalker_do_sample: bool = True
+    temperature: float = _OFFICIAL.temperature
+    top_k: int = _OFFICIAL.top_k
+    top_p: float = _OFFICIAL.top_p
+    repetition_penalty: float = _OFFICIAL.repetition_penalty
+    do_sample: bool = _OFFICIAL.do_sample
+    subtalker_temperature: float = _OFFICIAL.subtalker_temperature
+    subtalker_top_k: int = _OFFICIAL.subtalker_top_k
+    subtalker_top_p: float = _OFFICIAL.subtalker_top_p
+    subtalker_do_sample: bool = _OFFICIAL.subtalker_dosample
     seed: int = 0  # the same seed gives the same codes, alone or inside any batch
 
 
