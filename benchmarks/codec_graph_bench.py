@@ -82,6 +82,22 @@ def dtype_drift(decoder: CodecDecoder, cfg, device: torch.device, args) -> dict:
     return {"frames": frames, "max_abs": float(np.abs(err).max()), "snr_db": round(snr, 2)}
 
 
+def profile_calls(eager: CodecRunner, graphs: CodecRunner, bucket: tuple[int, int], cfg, args) -> None:
+    """Where a codec call's GPU time goes, by kernel: one eager call and one graph replay of `bucket`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    b, f = bucket
+    chunks = [CodecChunk(s, np.random.default_rng(s).integers(0, cfg.codebook_size, (f, cfg.num_quantizers)), False)
+              for s in range(b)]
+    with args.profile.open("a") as out:
+        for name, runner in (("eager", eager), ("graph", graphs)):
+            with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+                runner.decode(chunks)
+            out.write(f"=== codec {args.dtype}, {name} call, batch {b} x {f} frames ===\n")
+            out.write(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=90))
+            out.write("\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,2,4,8,16", help="batch buckets (the server's default ladder)")
@@ -93,7 +109,12 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--tiny", action="store_true", help="the tiny test codec (CPU smoke runs)")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="append the kernel table of one eager and one graph call of the largest bucket here")
+    parser.add_argument("--compile", action="store_true", help="compiled SnakeBeta activations (the server's default on a GPU)")
+    parser.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its convolution algorithms")
     args = parser.parse_args()
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
 
     device, dtype = torch.device(args.device), resolve_dtype(args.dtype)
     batches = parse_batches(args.batches) or ()
@@ -103,7 +124,7 @@ def main() -> None:
     cfg = (tiny_codec_config() if args.tiny else released_codec_config()).decoder
     decoder = random_decoder(cfg).to(device, dtype)
     q = cfg.num_quantizers
-    eager = CodecRunner(decoder, device, q, max_batch)
+    eager = CodecRunner(decoder, device, q, max_batch, compile_activations=args.compile)  # in place: both runners
     graphs = CodecRunner(decoder, device, q, max_batch, graph_buckets=buckets,
                          graph_budget_bytes=None if args.budget_gb is None else int(args.budget_gb * 1024**3))
     t0 = time.perf_counter()
@@ -140,6 +161,8 @@ def main() -> None:
         mib = "-" if row["graph_memory_bytes"] is None else f"{row['graph_memory_bytes'] / 2**20:.1f}"
         print(f"| {b} | {f} | {e:.2f} | {f'{g:.2f}' if covered else 'eager (dropped)'} | "
               f"{f'{e / g:.1f}x' if covered else '-'} | {mib} | {'-' if peak is None else f'{peak / 2**20:.0f}'} |")
+    if args.profile:
+        profile_calls(eager, graphs, max(buckets), cfg, args)
     drift = dtype_drift(decoder, cfg, device, args) if dtype != torch.float32 else None
     if drift is not None:
         print(f"{args.dtype} vs float32, one {drift['frames']}-frame stream in chunks of {args.chunk}: max abs "

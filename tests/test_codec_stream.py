@@ -183,3 +183,14 @@ def test_bad_chunks_are_refused(small_window, chunks, message):
 def test_pool_needs_a_slot(small_window):
     with pytest.raises(ValueError, match="at least one slot"):
         IncrementalCodecDecoder(small_window, num_slots=0)
+
+
+def test_chunk_schedule_doubles_from_the_first_chunk_to_the_steady_one():
+    from serving.model.codec_stream import chunk_plan, next_chunk_frames
+
+    assert chunk_plan(103, 4, 25) == [4, 8, 16, 25, 25, 25]
+    assert chunk_plan(60, 2, 25) == [2, 4, 8, 16, 25, 5]
+    assert chunk_plan(10, 3, 5) == [3, 5, 2]  # 2 x 3 > 5: capped
+    assert chunk_plan(40, 30, 25) == [30, 10]  # a request's first chunk may exceed the steady one
+    assert chunk_plan(0, 2, 25) == []
+    assert [next_chunk_frames(d, 2, 25) for d in (0, 2, 6, 14, 30, 55, 1000)] == [2, 4, 8, 16, 25, 25, 25]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from serving.engine.codec_stage import CodecRunner, CodecStream
+from serving.engine.codec_stage import CodecChunk, CodecRunner, CodecStream
 from serving.model.codec_config import tiny_codec_config
 from serving.model.codec_decoder import CodecDecoder, init_random_
 
@@ -58,7 +58,7 @@ def test_chunk_boundaries_depend_on_frame_indices_not_arrival():
     frames = list(codes(60, 1))
     plans = [drain(new_stream(), frames, feed) for feed in ([1] * 60, [7] * 9, [60], [3, 50, 7])]
     assert all(p == plans[0] for p in plans)
-    assert plans[0] == [(True, 4), (False, 25), (False, 25), (False, 6)]
+    assert plans[0] == [(True, 4), (False, 8), (False, 16), (False, 25), (False, 7)]  # doubling to the steady 25
 
 
 def test_a_stream_without_a_slot_waits():
@@ -74,7 +74,7 @@ def test_reference_codes_prime_the_first_chunk_only():
     stream.pending.extend(codes(30, 3))
     first, second = stream.take_chunk(), stream.take_chunk()
     assert (first.slot, first.first, len(first.codes)) == (1, True, 3) and np.array_equal(first.prime, ref)
-    assert (second.first, second.prime, len(second.codes)) == (False, None, 25)
+    assert (second.first, second.prime, len(second.codes)) == (False, None, 6)
 
 
 def test_slots_are_assigned_until_the_pool_is_full_and_come_back(runner):
@@ -141,3 +141,20 @@ def test_a_reused_slot_starts_afresh(runner, decoder):
     stream_through(runner, new_stream(), codes(9, 11))
     frames = codes(9, 12)
     assert np.abs(stream_through(runner, new_stream(2, 3), frames) - one_shot(decoder, frames)).max() < 1e-4
+
+
+def test_compiled_activations_decode_as_eager(decoder):
+    """--compile fuses each SnakeBeta into one kernel (compile_snakes): the streams' audio stays the eager audio
+    (here on the CPU backend; the GPU speed is in docs/performance.md)."""
+    import copy
+
+    compiled = copy.deepcopy(decoder)
+    runner = CodecRunner(compiled, torch.device("cpu"), Q, num_slots=2, compile_activations=True)
+    reference = CodecRunner(decoder, torch.device("cpu"), Q, num_slots=2)
+    assert runner.compiled_activations and runner.describe()["codec_compiled_activations"]
+    assert not reference.describe()["codec_compiled_activations"]
+    a, b = codes(9, 1), codes(6, 2)
+    for chunks in ([CodecChunk(0, a[:4], True), CodecChunk(1, b[:2], True)],
+                   [CodecChunk(0, a[4:], False), CodecChunk(1, b[2:], False)]):
+        for got, want in zip(runner.decode(chunks), reference.decode(chunks)):
+            np.testing.assert_allclose(got, want, atol=1e-5)

@@ -10,8 +10,8 @@ are unread), extra frames are right padding (the decoder is causal and each row'
 own chunk end, so padding changes none of a row's samples or state). Calls beyond every bucket run eagerly
 with their exact shapes.
 
-The frames buckets are the chunk sizes streaming produces: the first chunk (--first-chunk-frames), the steady
-chunk (--chunk-frames), and powers of two below it for short final chunks and request-level first chunks
+The frames buckets are the chunk sizes streaming produces: the first chunk (--first-chunk-frames), its
+doublings, the steady chunk (--chunk-frames), and powers of two below it for short final chunks and request-level first chunks
 (initial_codec_chunk_frames, at most --chunk-frames), each padded up to the next bucket.
 
 Memory: all graphs share one pool, so the intermediates of one step are reused by the next graph's capture;
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from serving.engine.cuda_graphs import FrameGraphs
-from serving.model.codec_stream import IncrementalCodecDecoder
+from serving.model.codec_stream import IncrementalCodecDecoder, chunk_plan
 
 log = logging.getLogger("serving.engine")
 
@@ -38,11 +38,12 @@ Bucket = tuple[int, int]  # (batch, frames)
 
 
 def make_frame_buckets(first_chunk_frames: int, chunk_frames: int) -> tuple[int, ...]:
-    """The steady chunk, the first chunk, and powers of two below the steady chunk (final chunks and request
-    first chunks pad up to the next one: at most 2x the frames, usually far less)."""
+    """The chunk sizes of the streaming schedule (first chunk, doubling, steady chunk: codec_stream.chunk_plan),
+    and powers of two below the steady chunk (final chunks and request first chunks pad up to the next one: at
+    most 2x the frames, usually far less)."""
     if min(first_chunk_frames, chunk_frames) < 1:
         raise ValueError("chunk sizes must be at least 1 frame")
-    sizes = {first_chunk_frames, chunk_frames}
+    sizes = set(chunk_plan(first_chunk_frames + 4 * chunk_frames, first_chunk_frames, chunk_frames))
     size = 1
     while size < chunk_frames:
         sizes.add(size)

@@ -1,6 +1,7 @@
 """Stage 1: codes -> audio, chunk by chunk, batched across requests, each frame decoded once.
 
-Chunk boundaries depend only on frame indices (a small first chunk, then `chunk_frames`), never on timing,
+Chunk boundaries depend only on frame indices (a small first chunk, then doubling up to `chunk_frames`:
+codec_stream.next_chunk_frames), never on timing,
 so a stream's audio is the same however the talker and codec interleave, and a non-streamed response
 (built from the same chunks) equals the concatenated stream. Every stream holds a slot of the codec's
 incremental decoder (serving/model/codec_stream.py), which carries each layer's state from chunk to chunk:
@@ -16,13 +17,30 @@ On a GPU each call replays a CUDA graph of the step for the smallest (batch, fra
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from serving.engine.codec_graphs import CodecGraphReport, CodecGraphs, pad_rows, run_step
-from serving.model.codec_stream import IncrementalCodecDecoder
+from serving.model.codec_decoder import SnakeBeta
+from serving.model.codec_stream import IncrementalCodecDecoder, next_chunk_frames
+
+
+def compile_snakes(decoder: torch.nn.Module) -> bool:
+    """torch.compile every SnakeBeta of the decoder in place (dynamic shapes: one graph for all of them).
+
+    Eagerly a SnakeBeta is five full passes over its input (two broadcast multiplies, sin, pow, add); at the
+    vocoder's sample-rate stages those passes, not the convolutions, were ~70% of a 64 x 25-frame codec call on
+    an H100 (docs/performance.md). Compiled it is one fused pass. Returns whether anything was compiled."""
+    import torch._dynamo
+
+    snakes = [m for m in decoder.modules() if isinstance(m, SnakeBeta)]
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    for snake in snakes:
+        snake.compile(dynamic=True)
+    return bool(snakes)
 
 
 @dataclass(frozen=True)
@@ -46,7 +64,7 @@ class CodecStream:
     slot: int | None = None  # its state in the codec's pool, from its first chunk until it retires
 
     def next_chunk_size(self) -> int:
-        return self.first_chunk_frames if self.decoded_frames == 0 else self.chunk_frames
+        return next_chunk_frames(self.decoded_frames, self.first_chunk_frames, self.chunk_frames)
 
     def due(self) -> bool:
         """Enough frames for the next chunk (or the last ones)."""
@@ -79,9 +97,11 @@ class CodecRunner:
     """
 
     def __init__(self, decoder: torch.nn.Module, device: torch.device, num_quantizers: int, num_slots: int,
-                 graph_buckets: tuple[tuple[int, int], ...] = (), graph_budget_bytes: int | None = None):
+                 graph_buckets: tuple[tuple[int, int], ...] = (), graph_budget_bytes: int | None = None,
+                 compile_activations: bool = False):
         """graph_buckets: (batch, frames) shapes to capture at warm-up (none: every call runs eagerly);
-        graph_budget_bytes: the most memory they may take (None: no limit), the largest dropped first."""
+        graph_budget_bytes: the most memory they may take (None: no limit), the largest dropped first;
+        compile_activations: torch.compile the SnakeBeta activations (see compile_snakes)."""
         self.pool = IncrementalCodecDecoder(decoder, num_slots)
         self.device = device
         self.num_quantizers = num_quantizers
@@ -89,6 +109,9 @@ class CodecRunner:
         self._free = list(range(num_slots - 1, -1, -1))
         self.graphs = CodecGraphs(self.pool, list(graph_buckets), num_quantizers, device) if graph_buckets else None
         self.graph_budget_bytes = graph_budget_bytes
+        self.compiled_activations = compile_activations and compile_snakes(decoder)
+        self._host: torch.Tensor | None = None  # pinned landing buffer of the waveforms (GPU only, see _to_host)
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None
 
     @property
     def num_slots(self) -> int:
@@ -117,7 +140,7 @@ class CodecRunner:
         """The codec's side of the engine's configuration (GET /health): device, dtype, state, graphs."""
         param = next(self.pool.decoder.parameters())
         d = {"codec_device": str(param.device), "codec_dtype": str(param.dtype).removeprefix("torch."),
-             "codec_slots": self.num_slots, "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
+             "codec_slots": self.num_slots, "codec_compiled_activations": self.compiled_activations, "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
         report = self.graph_report or CodecGraphReport((), (), 0, self.graph_budget_bytes)
         return d | report.describe()
 
@@ -137,8 +160,27 @@ class CodecRunner:
         else:
             codes, meta = pad_rows(rows, len(rows), frames, self.pool.scratch_slot, self.num_quantizers)
             wav = run_step(self.pool, codes.to(self.device), meta.to(self.device))
-        host = wav[: len(rows), : frames * self.samples_per_frame].float().cpu().numpy()  # one copy, one sync
-        return [host[i, : n * self.samples_per_frame] for i, n in enumerate(lengths)]
+        host = self._to_host(wav[: len(rows), : frames * self.samples_per_frame])
+        return [host[i, : n * self.samples_per_frame].copy() for i, n in enumerate(lengths)]
+
+    def _to_host(self, wav: torch.Tensor) -> np.ndarray:
+        """The call's waveforms on the host, as float32. On a GPU: one asynchronous copy into a pinned buffer and
+        a polling wait that sleeps (as the talker's, talker_stage._to_host): a blocking copy holds this thread in
+        a CUDA call while the talker thread of the same process wants to launch its frame, and a pageable copy
+        of 64 x 25 frames took 7 ms on an H100 (docs/performance.md)."""
+        if self._copied is None:
+            return wav.float().numpy()
+        rows, samples = wav.shape
+        if self._host is None or self._host.shape[0] < rows or self._host.shape[1] < samples:
+            shape = (max(rows, 0 if self._host is None else self._host.shape[0]),
+                     max(samples, 0 if self._host is None else self._host.shape[1]))
+            self._host = torch.empty(shape, dtype=torch.float32, pin_memory=True)
+        out = self._host[:rows, :samples]
+        out.copy_(wav, non_blocking=True)
+        self._copied.record()
+        while not self._copied.query():
+            time.sleep(0.0002)
+        return out.numpy()
 
     def _check(self, rows: list[tuple[int, np.ndarray, bool]]) -> None:
         """Clear errors on the host for what would be a device assert or a corrupted slot on the GPU."""
@@ -157,6 +199,14 @@ class CodecRunner:
             zeros = np.zeros((frames, self.num_quantizers), dtype=np.int64)
             self.decode([CodecChunk(0, zeros, True)])
         if self.graphs is not None:
-            self.graphs.capture_all(self.graph_budget_bytes)
+            # cuDNN times its convolution algorithms for the buckets' fixed shapes and the graphs keep the fastest
+            # (measured 10-30% per call on an H100); only here: eager calls (priming, oversized batches) have
+            # shapes that follow the input and would pay a new search for every new length
+            previous = torch.backends.cudnn.benchmark
+            torch.backends.cudnn.benchmark = self.device.type == "cuda"
+            try:
+                self.graphs.capture_all(self.graph_budget_bytes)
+            finally:
+                torch.backends.cudnn.benchmark = previous
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -40,11 +40,11 @@ class EngineConfig:
     kv_cache_gb: float | None = None  # None: 40% of free GPU memory, or 2 GiB on CPU
     max_model_len: int = 4096  # prompt + generated frames per request (the KV slot's length)
     chunk_frames: int = 25
-    first_chunk_frames: int = 4
+    first_chunk_frames: int = 2
     left_context_frames: int = 72  # voice clone: last reference frames that prime the codec's state (all: exact)
     max_codec_batch: int = 16
     enforce_eager: bool = False  # no CUDA graphs (a CPU never uses them)
-    compile: bool | None = None  # torch.compile the layers before capture; None: when graphs are captured
+    compile: bool | None = None  # torch.compile the talker layers and codec activations; None: with graphs
     max_graph_batch: int = 128  # largest batch bucket with captured graphs; bigger steps run eagerly
     ignore_eos: bool = False  # benchmark mode for random weights: stop by length_policy, never at eos
     length_policy: str = "text"  # with ignore_eos: text (spoken length of the input) or max-new-tokens

@@ -34,6 +34,29 @@ from serving.model.codec_decoder import (Attention, CausalConv1d, CausalConvTran
                                          Frames)
 
 
+def next_chunk_frames(decoded_frames: int, first_chunk_frames: int, chunk_frames: int) -> int:
+    """Frames in the next chunk of a stream that has `decoded_frames` so far: the first chunk, then each chunk twice
+    the one before, up to chunk_frames (2, 4, 8, 16, 25, 25, ... for 2 and 25).
+
+    A small first chunk gets audio out early; doubling keeps every later chunk due before the audio already sent
+    has played out whenever frames come at least twice as fast as real time, and reaches the large steady chunk
+    (few codec calls per second of audio) within a few chunks. Sizes depend only on frame counts, never timing."""
+    size, total = first_chunk_frames, 0
+    while total < decoded_frames and size != chunk_frames:
+        total += size
+        size = min(chunk_frames, 2 * size)
+    return size
+
+
+def chunk_plan(num_frames: int, first_chunk_frames: int, chunk_frames: int) -> list[int]:
+    """The chunk sizes of a num_frames stream (the last one possibly short)."""
+    sizes, done = [], 0
+    while done < num_frames:
+        sizes.append(min(next_chunk_frames(done, first_chunk_frames, chunk_frames), num_frames - done))
+        done += sizes[-1]
+    return sizes
+
+
 def _tail(full: torch.Tensor, end_b: torch.Tensor, length: int, dim: int) -> torch.Tensor:
     """The `length` entries of each row of `full` along `dim` that end at full-index end_b + length (exclusive):
     with full = [state | new inputs], end_b = a row's new inputs, this is the state after them."""

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from serving.model import weights
-from serving.model.codec_stream import IncrementalCodecDecoder
+from serving.model.codec_stream import IncrementalCodecDecoder, next_chunk_frames
 from serving.model.config import GenerationDefaults, ModelConfig
 from serving.model.frame import TalkerSampling, decode_frame, prefill
 from serving.model.model import Qwen3TTSModel
@@ -177,8 +177,8 @@ class Qwen3TTS:
     @torch.inference_mode()
     def stream(self, text: str, *, first_chunk_frames: int = 4, chunk_frames: int = 25,
                **kwargs) -> Iterator[np.ndarray]:
-        """Yield waveform chunks as frames are produced: the first after first_chunk_frames frames, then every
-        chunk_frames. An incremental decoder carries the codec's state from chunk to chunk (ICL: the reference
+        """Yield waveform chunks as frames are produced: the first after first_chunk_frames frames, then chunks
+        doubling up to chunk_frames (codec_stream.next_chunk_frames, as the server). An incremental decoder carries the codec's state from chunk to chunk (ICL: the reference
         codes prime it), so the chunks concatenated equal the one-shot decode."""
         if min(first_chunk_frames, chunk_frames) < 1:
             raise ValueError("chunk sizes must be >= 1")
@@ -188,11 +188,11 @@ class Qwen3TTS:
         if voice is not None and voice.ref_codes is not None and len(voice.ref_codes):
             codec.prime([(0, voice.ref_codes)])
             first = False
-        pending, due = [], first_chunk_frames
+        pending, decoded = [], 0
         for frame in self.iter_frames(text, **kwargs):
             pending.append(frame)
-            if len(pending) >= due:
+            if len(pending) >= next_chunk_frames(decoded, first_chunk_frames, chunk_frames):
                 yield codec.decode([(0, torch.stack(pending), first)])[0].float().cpu().numpy()
-                first, pending, due = False, [], chunk_frames
+                first, pending, decoded = False, [], decoded + len(pending)
         if pending:
             yield codec.decode([(0, torch.stack(pending), first)])[0].float().cpu().numpy()
