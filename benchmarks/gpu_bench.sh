@@ -99,6 +99,7 @@ EOF
       for set_ in $SETS; do
         for c in ${LEVELS//,/ }; do
           if [ "$set_" = long ]; then n=$(( c < 4 ? 2 : c )); else n=$(( c < 4 ? 4 : 2 * c )); fi
+          curl -s localhost:8091/metrics > "$WORK/metrics-before.txt"
           ttsbench run --url http://127.0.0.1:8091 --task $task --set $set_ --concurrency $c --num-requests $n \
             --max-new-tokens 900 --warmup 1 --no-save-audio --timeout 240 --out "$WORK/runs/$task-$set_-c$c" \
             --label "$task-$set_-c$c" > "$WORK/run-last.log" 2>&1 || tail -5 "$WORK/run-last.log"
@@ -114,6 +115,9 @@ print(f"  {r['task']:6s} {r['set']:5s} c={r['concurrency']:<3d} ok {r['completed
       f"ttfab p50 {f('ttfab_ms_median')} p95 {f('ttfab_ms_p95')} ms  rtf p50 {f('rtf_median', '{:.3f}')}  "
       f"audio/s {f('audio_throughput')}  underrun p95 {f('underrun_s_p95', '{:.3f}')} s  errors {r.get('errors')}")
 EOF
+          curl -s localhost:8091/metrics > "$WORK/metrics-after.txt"
+          [ -d "$WORK/runs/$task-$set_-c$c" ] && python3 benchmarks/engine_phases.py "$WORK/metrics-before.txt" \
+            "$WORK/metrics-after.txt" --json "$WORK/runs/$task-$set_-c$c/engine_phases.json"
         done
       done
       curl -s localhost:8091/metrics | grep -v "^#" | grep -i "ttsbench\|serving\|frames" | head -40 >> "$OUT/serve-$task.log"

@@ -2,7 +2,8 @@
 
     python benchmarks/gpu_table.py OUT_DIR [RUNS_DIR]
 
-Reads OUT_DIR/decode.json, RUNS_DIR/*/summary.json (default OUT_DIR/runs) and OUT_DIR/peer-*.json. The floor
+Reads OUT_DIR/decode.json, RUNS_DIR/*/summary.json and engine_phases.json (default OUT_DIR/runs) and
+OUT_DIR/peer-*.json. The floor
 of a served row is the decode floor at the nearest measured batch: frames per second the HBM allows at that
 batch (rows x copy bandwidth / bytes per frame), as audio seconds per second.
 """
@@ -69,6 +70,17 @@ def main() -> None:
                   f"{(1 / rtf) if rtf else float('nan'):.1f} | {f('audio_throughput')} | "
                   f"{floor if floor else float('nan'):.0f} | {f('underrun_s_p95', '{:.3f}')} | {f('e2e_ms_median', '{:.0f}')} |")
         print()
+        phased = [(path.parent.name, json.loads((path.parent / "engine_phases.json").read_text()))
+                  for path in summaries if (path.parent / "engine_phases.json").exists()]
+        if phased:
+            print("## Inside the server: mean ms per engine phase (benchmarks/engine_phases.py; count in brackets)\n")
+            names = ("queue", "prefill", "first_frames", "talker_step", "codec_wait", "codec_call")
+            print("| run | " + " | ".join(names) + " |")
+            print("|---" * (len(names) + 1) + "|")
+            for label, phases in phased:
+                print(f"| {label} | " + " | ".join(f"{phases[n]['mean_ms']:.1f} ({phases[n]['count']})" if n in phases
+                                                   else "-" for n in names) + " |")
+            print()
     peers = sorted(out.glob("peer-*.json"))
     if peers:
         print("## Peers, batch 1, same GPU (peer-bench recipe: 125 frames, 40 text tokens, random weights)\n")

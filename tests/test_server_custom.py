@@ -14,6 +14,7 @@ import pytest
 import soundfile as sf
 
 from tests.server_fixtures import ServerThread, post_json
+from serving.engine.engine import PHASES
 
 pytestmark = pytest.mark.slow
 FRAMES = 6  # max_new_tokens of most requests: random weights never end speech, so this is the length
@@ -190,3 +191,22 @@ def test_openai_sdk(server, tmp_path):
     assert out.read_bytes() == pcm_of(speech(server, response_format="pcm")).tobytes()
     with pytest.raises(openai.BadRequestError):
         client.audio.speech.create(model="tiny-random", voice="alloy", input="x")
+
+
+def test_metrics_break_requests_down_by_engine_phase(server):
+    """ttsbench_engine_phase_seconds says where the time went (serving.engine.engine.PHASES): after one more
+    streamed request every phase gained observations, per request, per pass, per step or per chunk."""
+    def counts():
+        m = server.metrics()
+        return {phase: m.get(f'ttsbench_engine_phase_seconds_count{{phase="{phase}"}}', 0.0) for phase in PHASES}
+
+    before = counts()
+    status, _, body = speech(server, response_format="pcm", stream=True)
+    assert status == 200 and len(body) == FRAMES * 1920 * 2
+    after = counts()
+    gained = {phase: after[phase] - before[phase] for phase in PHASES}
+    assert gained["queue"] == 1 and gained["first_frames"] == 1 and gained["prefill"] >= 1
+    assert gained["talker_step"] >= FRAMES  # one step per frame (other requests' steps would only add)
+    assert gained["codec_call"] >= 2 and gained["codec_wait"] >= gained["codec_call"]  # the stream's chunks
+    m = server.metrics()
+    assert all(m[f'ttsbench_engine_phase_seconds_sum{{phase="{phase}"}}'] > 0 for phase in PHASES)

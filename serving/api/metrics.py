@@ -7,6 +7,8 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+_PHASE_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+                  1.0, 2.0, 5.0)
 _LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0, 120.0)
 
 
@@ -24,7 +26,13 @@ class ServerMetrics:
         self.audio_seconds = Counter("ttsbench_audio_seconds", "Seconds of audio produced", registry=r)
         self.cancelled = Counter("ttsbench_cancelled_requests", "Requests cancelled by a client disconnect",
                                  registry=r)
+        self.phase = Histogram("ttsbench_engine_phase_seconds",
+                               "Where requests' time goes inside the engine, by phase (serving.engine.engine.PHASES)",
+                               ["phase"], buckets=_PHASE_BUCKETS, registry=r)
         r.register(_EngineCollector(engine_stats))
+
+    def observe_phase(self, phase: str, seconds: float) -> None:
+        self.phase.labels(phase).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -42,6 +42,7 @@ class SpeechServer:
         self.voices_dir = Path(voices_dir)
         self.served_model_names = served_model_names
         self.metrics = ServerMetrics(engine.stats)
+        engine.observe = self.metrics.observe_phase
         self.voices: VoiceStore | None = None
         self.caps: Capabilities | None = None
         self.started_at = time.time()

@@ -62,6 +62,7 @@ class CodecStream:
     decoded_frames: int = 0
     finished: bool = False  # the talker will add no more frames
     slot: int | None = None  # its state in the codec's pool, from its first chunk until it retires
+    due_since: float | None = None  # when its next chunk's frames were all there (engine's codec_wait phase)
 
     def next_chunk_size(self) -> int:
         return next_chunk_frames(self.decoded_frames, self.first_chunk_frames, self.chunk_frames)

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
+from typing import Callable
 
 import numpy as np
 
@@ -25,6 +26,18 @@ from serving.engine.scheduler import QueueFullError, Scheduler
 from serving.model.config import GenerationDefaults
 
 log = logging.getLogger("serving.engine")
+
+# Where a request's time goes inside the engine, each observed in seconds through Engine.observe (the server
+# exports them as the histogram ttsbench_engine_phase_seconds): first audio = queue + prefill + first_frames +
+# codec_wait + codec_call of its first chunk, plus the HTTP side.
+PHASES = {
+    "queue": "request submitted -> admitted to a KV slot (per request)",
+    "prefill": "one batched prefill pass of the admitted requests (per pass)",
+    "talker_step": "one decode step over the running batch, launch to codes on the host (per step)",
+    "first_frames": "prefill done -> the frames of the first chunk generated (per request)",
+    "codec_wait": "a chunk's frames all generated -> its codec call starts (per chunk)",
+    "codec_call": "one batched codec call, codes in to waveforms on the host (per call)",
+}
 
 
 @dataclass(frozen=True)
@@ -113,6 +126,7 @@ class RequestStream:
         self.max_frames = request.max_new_tokens  # lowered at prefill when the prompt leaves less room
         self.codec: CodecStream | None = None
         self.t_submit = time.monotonic()
+        self.t_prefilled: float | None = None  # its prefill ended (phase "first_frames" starts)
 
     def __aiter__(self):
         return self
@@ -152,6 +166,7 @@ class Engine:
         self._recent_frames: deque[tuple[float, int]] = deque()
         self._recent_e2e: deque[float] = deque(maxlen=64)
         self._stopping = False
+        self.observe: Callable[[str, float], None] = lambda phase, seconds: None  # see PHASES; the server's metrics
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -253,6 +268,7 @@ class Engine:
             if not rows:
                 continue
             try:
+                t0 = time.monotonic()
                 codes, ended = await loop.run_in_executor(self._talker_pool, self.runner.decode_step,
                                                           sched.bucket())
             except Exception:
@@ -261,6 +277,7 @@ class Engine:
                     self._fail(stream, RequestFailed("generation failed"))
                 continue
             now = time.monotonic()
+            self.observe("talker_step", now - t0)
             self._frames_total += len(rows)
             self._recent_frames.append((now, len(rows)))
             for slot, stream in rows:
@@ -272,25 +289,34 @@ class Engine:
                 if ended[slot] or stream.frames >= stream.max_frames:
                     self._release(stream)
                     stream.codec.finished = True
+                if stream.codec.due_since is None and stream.codec.due():
+                    stream.codec.due_since = now
+                    if stream.codec.decoded_frames == 0:
+                        self.observe("first_frames", now - stream.t_prefilled)
             self._wake_codec.set()
             await asyncio.sleep(0)  # let handlers run between steps
 
     async def _prefill(self, admitted: list) -> None:
         """Prefill every admitted request in one batched call, then hand each its codec stream."""
         loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
         for slot, stream in admitted:
             stream.slot = slot
+            self.observe("queue", t0 - stream.t_submit)
         try:
             results = await loop.run_in_executor(self._talker_pool, self.runner.prefill_many,
                                                  [(slot, stream.request) for slot, stream in admitted])
         except Exception as exc:
             log.exception("prefill failed for %d requests", len(admitted))
             results = [RequestFailed(f"generation failed: {type(exc).__name__}")] * len(admitted)
+        done = time.monotonic()
+        self.observe("prefill", done - t0)
         for (slot, stream), result in zip(admitted, results):
             if isinstance(result, Exception):  # the prompt does not fit, or bad reference audio
                 self._fail(stream, result if isinstance(result, RequestFailed) else RequestFailed(str(result), 400))
                 continue
             context, stream.max_frames = result
+            stream.t_prefilled = done
             stream.codec = CodecStream(
                 first_chunk_frames=stream.request.first_chunk_frames or self.config.first_chunk_frames,
                 chunk_frames=self.config.chunk_frames,
@@ -332,9 +358,15 @@ class Engine:
                 await self._wake_codec.wait()
                 continue
             batch = ready[: self.config.max_codec_batch]
+            t0 = time.monotonic()
+            for s in batch:
+                self.observe("codec_wait", t0 - s.codec.due_since)
             chunks = [s.codec.take_chunk() for s in batch]
+            for s in batch:  # frames that came in meanwhile may already make the next chunk due
+                s.codec.due_since = t0 if s.codec.due() else None
             try:
                 wavs = await loop.run_in_executor(self._codec_pool, self.codec.decode, chunks)
+                self.observe("codec_call", time.monotonic() - t0)
             except Exception:
                 log.exception("codec decode failed")
                 for stream in batch:

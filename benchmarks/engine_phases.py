@@ -1,0 +1,55 @@
+"""Mean time per engine phase between two scrapes of a `ttsbench serve` /metrics (ttsbench_engine_phase_seconds).
+
+    python benchmarks/engine_phases.py BEFORE.txt AFTER.txt [--json OUT.json]
+
+gpu_bench.sh scrapes before and after each load level, so each level gets its own breakdown of where the time
+went inside the server (serving.engine.engine.PHASES): queue, prefill, talker_step, first_frames, codec_wait,
+codec_call. Prints one line, writes {phase: {"count", "mean_ms"}}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+_LINE = re.compile(r'^ttsbench_engine_phase_seconds_(sum|count)\{phase="([a-z_]+)"\} ([0-9.eE+-]+)$')
+
+
+def parse(text: str) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        m = _LINE.match(line.strip())
+        if m:
+            out.setdefault(m.group(2), {})[m.group(1)] = float(m.group(3))
+    return out
+
+
+def diff(before: str, after: str) -> dict[str, dict[str, float]]:
+    a, b = parse(before), parse(after)
+    result = {}
+    for phase, end in b.items():
+        start = a.get(phase, {})
+        count = end.get("count", 0.0) - start.get("count", 0.0)
+        total = end.get("sum", 0.0) - start.get("sum", 0.0)
+        if count > 0:
+            result[phase] = {"count": int(count), "mean_ms": round(total / count * 1e3, 2)}
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before", type=Path)
+    ap.add_argument("after", type=Path)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    phases = diff(args.before.read_text(), args.after.read_text())
+    print("  engine phases (mean ms, n): " + ", ".join(f"{k} {v['mean_ms']:.1f} ({v['count']})"
+                                                      for k, v in phases.items()))
+    if args.json:
+        args.json.write_text(json.dumps(phases, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
