@@ -27,7 +27,7 @@ class ServeOptions:
     kv_cache_gb: float | None = None
     max_model_len: int = 4096
     chunk_frames: int = 25
-    first_chunk_frames: int = 4
+    first_chunk_frames: int = 2
     left_context_frames: int = 72
     host: str = "127.0.0.1"
     port: int = 8091
