@@ -3,7 +3,8 @@
 Plain PyTorch with an explicit, preallocated KV cache passed in by the caller, so that the serving engine
 can own the cache tensors (slots x heads x positions) and capture fixed-shape steps in CUDA graphs.
 RMSNorm and RoPE follow the official operation order in fp32 (a different order flips near-tie argmaxes).
-Module and parameter names equal the official checkpoint names.
+Module and parameter names equal the official checkpoint names; q/k/v and gate/up nonetheless run as one
+matmul each over a fused weight whose rows those parameters view (FusedProjections).
 """
 
 from __future__ import annotations
@@ -99,18 +100,129 @@ class KVCache:
         return self.k.shape[3]
 
 
-class Attention(nn.Module):
+class SlicedLinear(nn.Linear):
+    """An official-name projection whose weight (and bias) are views of rows of its owner's fused tensors.
+
+    Converting it on its own or assigning it new tensors would cut it loose from the fused tensors the owner's
+    matmul reads (stale weights, silently), so both raise; convert the owner or any module above it instead.
+    In-place writes (loading, copy_) go through the views into the fused tensors. Its forward still works."""
+
+    sliced = False  # set by the owner once the views exist
+    owner_converting = False  # the owner's _apply is running: converting is allowed, the owner re-fuses after
+
+    def __setattr__(self, name, value):
+        if name in ("weight", "bias") and self.sliced:
+            raise AttributeError(f"cannot assign {name} of a projection that views its owner's fused tensor; "
+                                 f"copy into it in place instead (load_state_dict without assign=True)")
+        super().__setattr__(name, value)
+
+    def _apply(self, fn, recurse=True):
+        if self.sliced and not self.owner_converting:
+            raise RuntimeError("this projection's tensors are views of its owner's fused tensor: convert the "
+                               "owning Attention/MLP (or the whole model) instead of the projection alone")
+        return super()._apply(fn, recurse)
+
+
+def _fuse_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate parts along dim 0 into a new tensor and make each part (a Parameter) a view of its rows."""
+    fused = torch.cat([t.detach() for t in parts])
+    offset = 0
+    for t in parts:
+        t.data = fused[offset: offset + t.shape[0]]
+        offset += t.shape[0]
+    return fused
+
+
+def _are_rows_of(parts: list[torch.Tensor], fused: torch.Tensor | None) -> bool:
+    """parts are, in order, views of all the rows of fused (meta tensors have no addresses to compare)."""
+    if fused is None or fused.device.type == "meta":
+        return False
+    offset = 0
+    for t in parts:
+        rows = fused[offset: offset + t.shape[0]]
+        if (t.dtype, t.device, t.shape, t.stride(), t.data_ptr()) != (
+                rows.dtype, rows.device, rows.shape, rows.stride(), rows.data_ptr()):
+            return False
+        offset += t.shape[0]
+    return offset == fused.shape[0]
+
+
+class FusedProjections(nn.Module):
+    """Base of Attention and MLP: projections of the same input, kept under their official names (loading,
+    state_dict, checkpoint writing are unchanged), run as ONE matmul over a fused weight.
+
+    Why: a decode step is a row or a few, so each projection is a small GEMV whose launch, not the memory
+    traffic, sets its time; one matmul over the stacked weight does q, k, v (or gate, up) in one launch.
+    The fused tensors own the storage and the official parameters are views of their rows, so the weights
+    exist once and in-place loads reach the matmul. Module._apply (.to, .half, .cuda, to_empty) replaces
+    each parameter's data separately, which cuts the views, so _apply re-fuses from the official
+    parameters (the source of truth) afterwards; converting or reassigning a projection alone raises
+    (SlicedLinear), and deepcopy/unpickling re-fuses too. The fused tensors are plain attributes: not in
+    state_dict, parameters() or buffers(). Inference only: gradients do not reach the official parameters."""
+
+    fused_names: tuple[str, ...] = ()
+    fused_weight: torch.Tensor | None = None
+    fused_bias: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """(Re)build the fused weight/bias from the official parameters and point those at its rows; a no-op
+        where they already are views of the current fused tensors (a .to() that changes nothing)."""
+        parts = [getattr(self, name) for name in self.fused_names]
+        weights = [p.weight for p in parts]
+        if not _are_rows_of(weights, self.fused_weight):
+            self.fused_weight = _fuse_rows(weights)
+        biases = [p.bias for p in parts]
+        if biases[0] is None:
+            self.fused_bias = None
+        elif not _are_rows_of(biases, self.fused_bias):
+            self.fused_bias = _fuse_rows(biases)
+        self.fused_sizes = [p.out_features for p in parts]
+        for p in parts:
+            p.sliced = True
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One matmul for all fused projections, split into their outputs in fused_names order."""
+        return F.linear(x, self.fused_weight, self.fused_bias).split(self.fused_sizes, dim=-1)
+
+    def _apply(self, fn, recurse=True):
+        parts = [getattr(self, name) for name in self.fused_names]
+        for p in parts:
+            p.owner_converting = True
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            for p in parts:
+                p.owner_converting = False
+        self.fuse()
+        return self
+
+    def __setattr__(self, name, value):
+        if name in self.fused_names and name in self._modules:
+            raise AttributeError(f"cannot replace {name}: its tensors are views of the fused projection weight")
+        super().__setattr__(name, value)
+
+    def __setstate__(self, state):
+        """deepcopy and unpickling copy each parameter on its own: re-fuse the copies."""
+        super().__setstate__(state)
+        self.fuse()
+
+
+class Attention(FusedProjections):
+    fused_names = ("q_proj", "k_proj", "v_proj")
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.q_proj = SlicedLinear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = SlicedLinear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = SlicedLinear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.scale = self.head_dim ** -0.5
+        self.fuse()
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, write_pos: torch.Tensor, kv_len: int, mask: torch.Tensor | None) -> torch.Tensor:
@@ -118,9 +230,10 @@ class Attention(nn.Module):
         each new token, per row); attends over cache positions [0, kv_len). mask: bool [B, 1, L, kv_len], or
         None for plain causal attention when the new tokens are the last L of kv_len positions in every row."""
         batch, seq, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.project(x)
+        q = self.q_norm(q.view(batch, seq, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(k.view(batch, seq, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = v.view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         rows = torch.arange(batch, device=x.device)[:, None]
         k_cache[rows, :, write_pos] = k.transpose(1, 2)
@@ -133,17 +246,21 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))
 
 
-class MLP(nn.Module):
-    """SwiGLU."""
+class MLP(FusedProjections):
+    """SwiGLU; gate and up in one matmul."""
+
+    fused_names = ("gate_proj", "up_proj")
 
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.gate_proj = SlicedLinear(hidden, intermediate, bias=False)
+        self.up_proj = SlicedLinear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.fuse()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.project(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
