@@ -239,10 +239,12 @@ class Attention(FusedProjections):
         k_cache[rows, :, write_pos] = k.transpose(1, 2)
         v_cache[rows, :, write_pos] = v.transpose(1, 2)
         keys, values = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
-        if mask is None:
-            out = F.scaled_dot_product_attention(q, keys, values, is_causal=seq > 1, scale=self.scale, enable_gqa=True)
-        else:
+        if mask is not None:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True)
+        elif seq > 1:  # a branch, not is_causal=seq > 1: compiled with dynamic shapes that is a SymBool, a graph break
+            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=self.scale, enable_gqa=True)
+        else:
+            out = F.scaled_dot_product_attention(q, keys, values, scale=self.scale, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))
 
 
