@@ -88,3 +88,62 @@ class FrameGraphs:
         graph, out = self.graphs[(batch, kv_len)]
         graph.replay()
         return out
+
+
+class PrefillGraphs:
+    """One request's prefill captured per prompt-length bucket, into a scratch cache row.
+
+    An uncaptured prefill is ~28 x 20 kernel launches whose host cost (~40 ms on an H100 with compiled layers,
+    docs/performance.md) dwarfs its GPU time (~1-3 ms): it was most of a lone request's first-audio latency.
+    A prompt is right-padded to its bucket (causal attention: padding after the prompt changes none of its
+    positions), the bucket's graph runs the talker over it into a scratch cache, and the prompt's keys and
+    values are copied into the request's slot (the padding's are not). `run` takes a device other than CUDA
+    too, running the same function eagerly (tests), and returns None for prompts longer than every bucket.
+    """
+
+    def __init__(self, stack, kv, lengths: tuple[int, ...], device: torch.device, dtype: torch.dtype):
+        self.stack = stack  # the talker's DecoderStack
+        self.kv = kv  # the engine's KVCache: [layers, slots, heads, max_len, head_dim]
+        self.lengths = lengths
+        hidden = stack.cfg.hidden_size
+        longest = max(lengths)
+        self.x = torch.zeros(1, longest, hidden, dtype=dtype, device=device)
+        self.positions = torch.arange(longest, device=device)[None]
+        shape = (kv.k.shape[0], 1, kv.k.shape[2], longest, kv.k.shape[4])
+        self.scratch = CacheView(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        self.graphs = FrameGraphs(self._pass, device) if device.type == "cuda" else None
+
+    def _pass(self, length: int, _unused: int = 0) -> tuple[torch.Tensor]:
+        positions = self.positions[:, :length]
+        view = CacheView(self.scratch.k[:, :, :, :length], self.scratch.v[:, :, :, :length])
+        return (self.stack(self.x[:, :length], positions, view, positions, kv_len=length, mask=None),)
+
+    def capture_all(self) -> None:
+        if self.graphs is not None:
+            for length in self.lengths:
+                self.graphs.capture(length, 0)
+
+    def run(self, prompt: torch.Tensor, slot: int) -> torch.Tensor | None:
+        """prompt [L, H] -> the post-norm hidden state of its last position [H]; its keys and values land in
+        cache positions [0, L) of `slot`."""
+        n = prompt.shape[0]
+        bucket = smallest_cover(n, self.lengths)
+        if bucket is None:
+            return None
+        self.x[0, :n] = prompt.to(self.x.dtype)
+        self.x[0, n:bucket] = 0
+        out = self.graphs.replay(bucket, 0)[0] if self.graphs is not None else self._pass(bucket)[0]
+        self.kv.k[:, slot, :, :n] = self.scratch.k[:, 0, :, :n]
+        self.kv.v[:, slot, :, :n] = self.scratch.v[:, 0, :, :n]
+        return out[0, n - 1]  # the graph's output: read before the next run
+
+
+class CacheView:
+    """Keys and values with the attributes the model's layers read (as layers.KVCache)."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor):
+        self.k, self.v = k, v
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]

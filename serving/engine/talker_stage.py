@@ -18,7 +18,8 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from serving.engine.cuda_graphs import FrameGraphs, make_graph_buckets, make_kv_buckets, smallest_cover
+from serving.engine.cuda_graphs import (CacheView, FrameGraphs, PrefillGraphs, make_graph_buckets, make_kv_buckets,
+                                       smallest_cover)
 from serving.engine.length_policy import frame_limit
 from serving.engine.request import GenerationRequest
 from serving.engine.rng import exponential_noise
@@ -27,17 +28,8 @@ from serving.model.layers import KVCache, attention_mask
 from serving.model.sampler import SamplingParams, mask_code0, penalize_repeats, sample
 
 PREFILL_TOKEN_BUDGET = 8192  # prompt positions per batched prefill pass (bounds the stall and its memory)
-
-
-class _CacheView:
-    """The first rows (or one row) of a KV cache, with the attributes the model's layers read."""
-
-    def __init__(self, k: torch.Tensor, v: torch.Tensor):
-        self.k, self.v = k, v
-
-    @property
-    def max_len(self) -> int:
-        return self.k.shape[3]
+PREFILL_GRAPH_MAX_LEN = 1024  # longest prompt bucket with a prefill graph (its scratch cache is that long)
+PREFILL_GRAPH_MAX_BURST = 16  # more arrivals at once than this prefill in batched passes instead of graphs
 
 
 def _rows(params: SamplingParams, n: int) -> SamplingParams:
@@ -99,6 +91,8 @@ class TalkerRunner:
         self.compile_layers = compile_layers
         if compile_layers:
             self._compile()
+        prefill_lengths = make_kv_buckets(min(max_model_len, PREFILL_GRAPH_MAX_LEN), 32)
+        self.prefill_graphs = PrefillGraphs(self.talker.model, self.kv, prefill_lengths, device, dtype) if cuda_graphs else None
         self.pad_embed = self.prompts.tts_pad_embed().to(device=device, dtype=dtype)  # [H]
         self.lengths = [0] * s  # host mirror of self.pos: how far each slot's keys reach, without a sync
         self._voice_cache: OrderedDict[str, tuple] = OrderedDict()
@@ -107,24 +101,16 @@ class TalkerRunner:
     def _compile(self) -> None:
         """torch.compile every decoder layer in place (names unchanged) and the candidate sampler: fused
         elementwise kernels (norms, RoPE, SwiGLU, sampling) before graph capture, which keeps kernels, not gaps.
-        Prefill, which runs outside graphs, compiles the talker's whole stack as one region instead: per layer,
-        a compiled call's host work (guards, wrappers, dynamic-shape launches) took ~1.5 ms against ~0.05 ms of
-        GPU work, 43 ms for a lone request's prefill on an H100 (docs/performance.md). Both compile with
-        dynamic shapes; warmup() traces the prefill shapes once (one request, and several of different
-        lengths), so prompts of any length and count run compiled without recompiling mid-serving."""
+        Layers compile with dynamic shapes; warmup() traces the prefill shapes once (one request, and several of
+        different lengths), so prompts of any length and count run compiled without recompiling mid-serving."""
         import torch._dynamo
 
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         for layer in list(self.talker.model.layers) + list(self.talker.code_predictor.model.layers):
             layer.compile(dynamic=True)
         self._sample_candidates = torch.compile(sample_top_candidates, dynamic=True)
-        self._prefill_stack = torch.compile(self.talker.model.forward, dynamic=True)
 
     _sample_candidates = staticmethod(sample_top_candidates)
-
-    def _prefill_stack(self, *args, **kwargs) -> torch.Tensor:
-        """The talker stack over prompts (replaced by its compiled form in _compile)."""
-        return self.talker.model(*args, **kwargs)
 
     def _on_stream(self):
         """Work on the talker's stream. Everything the talker reads is made on it (prompts included) or
@@ -137,6 +123,7 @@ class TalkerRunner:
                 "graph_buckets": list(self.graph_buckets), "kv_buckets": list(self.kv_buckets),
                 "graphs_captured": len(self.graphs.graphs) if self.graphs else 0,
                 "graph_memory_bytes": self.graphs.memory_bytes if self.graphs else 0,
+                "prefill_graph_lengths": list(self.prefill_graphs.lengths) if self.prefill_graphs else [],
                 "compiled_layers": self.compile_layers, "ignore_eos": self.ignore_eos,
                 "length_policy": self.length_policy if self.ignore_eos else None}
 
@@ -186,6 +173,17 @@ class TalkerRunner:
         return results
 
     def _prefill_groups(self, built: list) -> None:
+        """A few prompts go one by one through the prefill graphs (each costs its GPU time, ~1-3 ms, where an
+        uncaptured pass costs ~40 ms of kernel launches at any size); a burst goes in batched passes."""
+        if self.prefill_graphs is not None and len(built) <= PREFILL_GRAPH_MAX_BURST:
+            rest = []
+            for slot, request, prompt in built:
+                hidden = self.prefill_graphs.run(prompt.prefill, slot)
+                if hidden is None:
+                    rest.append((slot, request, prompt))
+                else:
+                    self._init_slot(slot, request, prompt, hidden)
+            built = rest
         group, tokens = [], 0
         for entry in built:
             length = entry[2].prefill.shape[0]
@@ -206,10 +204,10 @@ class TalkerRunner:
         positions = torch.arange(longest, device=self.device).expand(n, longest)
         if n == 1:  # straight into the slot's cache rows
             slot = group[0][0]
-            cache = _CacheView(self.kv.k[:, slot:slot + 1], self.kv.v[:, slot:slot + 1])
+            cache = CacheView(self.kv.k[:, slot:slot + 1], self.kv.v[:, slot:slot + 1])
         else:
             cache = KVCache.for_stack(self.talker.cfg.transformer, n, longest, self.dtype, self.device)
-        out = self._prefill_stack(x, positions, cache, positions, kv_len=longest, mask=None)
+        out = self.talker.model(x, positions, cache, positions, kv_len=longest, mask=None)
         for i, (slot, request, prompt) in enumerate(group):
             length = lengths[i]
             if n > 1:
@@ -336,7 +334,7 @@ class TalkerRunner:
         x = (talker.embed_frame(codes) + text)[:, None]
         pos = self.pos[:b, None]
         key_valid = torch.arange(kv_len, device=self.device)[None, :] <= pos
-        view = _CacheView(self.kv.k[:, :b], self.kv.v[:, :b])
+        view = CacheView(self.kv.k[:, :b], self.kv.v[:, :b])
         out = talker.model(x, pos, view, pos, kv_len=kv_len, mask=attention_mask(pos, key_valid))
         self.hidden[:b] = out[:, 0]
         self.pos[:b] += self.active[:b]
@@ -346,7 +344,7 @@ class TalkerRunner:
         """Codes 1..G-1 [b, G-1]: CodePredictor.forward's passes, drawing each code with the step's sampler."""
         cp = self.talker.code_predictor
         project = cp.small_to_mtp_projection if cp.small_to_mtp_projection is not None else (lambda t: t)
-        cache = _CacheView(self.cp_kv.k[:, :b], self.cp_kv.v[:, :b])
+        cache = CacheView(self.cp_kv.k[:, :b], self.cp_kv.v[:, :b])
         x = project(torch.stack((hidden, self.talker.embed_codec(code0)), dim=1))
         positions = torch.arange(2, device=self.device).expand(b, 2)
         out = cp.model(x, positions, cache, positions, kv_len=2, mask=None)
@@ -369,9 +367,9 @@ class TalkerRunner:
         for n, length in ((1, 17), (3, 19), (2, 23)):
             x = torch.randn(n, length, cfg.hidden_size, dtype=self.dtype, device=self.device)
             positions = torch.arange(length, device=self.device).expand(n, length)
-            cache = (_CacheView(self.kv.k[:, :1], self.kv.v[:, :1]) if n == 1  # as _prefill_group: slot view
+            cache = (CacheView(self.kv.k[:, :1], self.kv.v[:, :1]) if n == 1  # as _prefill_group: slot view
                      else KVCache.for_stack(cfg, n, length, self.dtype, self.device))
-            self._prefill_stack(x, positions, cache, positions, kv_len=length, mask=None)
+            self.talker.model(x, positions, cache, positions, kv_len=length, mask=None)
 
     def warmup(self) -> None:
         """Run every bucket's step once on empty slots (allocations, kernel selection, compilation), and capture
@@ -385,6 +383,8 @@ class TalkerRunner:
                 for b in self.graph_buckets:
                     for kv in self.kv_buckets:
                         self.graphs.capture(b, kv)
+            if self.prefill_graphs is not None:
+                self.prefill_graphs.capture_all()
             self.hidden.zero_()
             self.generated.zero_()
             self.seen.zero_()

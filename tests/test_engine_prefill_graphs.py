@@ -1,0 +1,40 @@
+"""Prefill graphs (cuda_graphs.PrefillGraphs) on a CPU: the captured function runs eagerly there, so this checks the
+logic a GPU replays: a prompt right-padded to its length bucket gives the hidden state and keys/values of the
+unpadded prefill, lands in its own slot only, and prompts longer than every bucket are left to the batched path."""
+
+import torch
+
+from serving.engine.checkpoint import resolve_model
+from serving.engine.cuda_graphs import PrefillGraphs
+from serving.engine.engine import EngineConfig
+from serving.engine.loader import load_stages
+from serving.engine.request import GenerationRequest
+
+CONFIG = dict(max_batch_size=4, max_model_len=128, chunk_frames=4, first_chunk_frames=2, left_context_frames=4)
+TEXTS = ("Hello there.", "A much longer sentence for the prefill to chew on, really.")
+
+
+def test_bucketed_prefill_equals_the_direct_one_in_its_own_slot():
+    runner, _codec, _info = load_stages(EngineConfig(model=str(resolve_model("tiny-random")), **CONFIG))
+    assert runner.prefill_graphs is None  # CPU: no graphs in the server; the class itself runs eagerly
+    graphs = PrefillGraphs(runner.talker.model, runner.kv, (16, 32, 64), runner.device, runner.dtype)
+    for text in TEXTS:
+        request = GenerationRequest(task="CustomVoice", text=text, speaker="vivian", max_new_tokens=20)
+        prompt, _codes = runner.prompts.build(request, runner._voice_cache_lookup)
+        n = prompt.prefill.shape[0]
+        assert 16 < n <= 64
+        runner.kv.k.zero_(), runner.kv.v.zero_()
+        runner.prefill(1, request)  # the direct (unpadded) pass into slot 1
+        want_hidden = runner.hidden[1].clone()
+        want_k, want_v = runner.kv.k[:, 1, :, :n].clone(), runner.kv.v[:, 1, :, :n].clone()
+        runner.kv.k.zero_(), runner.kv.v.zero_()
+        graphs.scratch.k.normal_()  # leftovers of an earlier, longer prompt must not matter
+        with torch.inference_mode():
+            hidden = graphs.run(prompt.prefill, 2).clone()
+        torch.testing.assert_close(hidden, want_hidden, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(runner.kv.k[:, 2, :, :n], want_k, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(runner.kv.v[:, 2, :, :n], want_v, atol=1e-5, rtol=1e-5)
+        others = [s for s in range(runner.num_slots) if s != 2]
+        assert not runner.kv.k[:, others].any() and not runner.kv.k[:, 2, :, n:].any()  # nothing else written
+    long_prompt = torch.zeros(65, runner.talker.cfg.transformer.hidden_size)
+    assert graphs.run(long_prompt, 0) is None  # beyond the largest bucket: the batched path's job
