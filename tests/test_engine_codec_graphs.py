@@ -54,6 +54,7 @@ def slot_states(runner):
 def test_frame_buckets_are_the_chunk_sizes_streaming_produces():
     assert make_frame_buckets(4, 25) == (1, 2, 4, 8, 16, 25)  # first, steady, finals / request first chunks
     assert make_frame_buckets(3, 12) == (1, 2, 3, 4, 6, 8, 12)  # 3, 6, 12: the doubling schedule
+    assert make_frame_buckets(2, 25) == (1, 2, 4, 8, 16, 25)  # no bucket for a remainder (22 frames) of some plan
     assert make_frame_buckets(25, 25) == (1, 2, 4, 8, 16, 25)
     with pytest.raises(ValueError):
         make_frame_buckets(0, 25)

@@ -43,7 +43,7 @@ def make_frame_buckets(first_chunk_frames: int, chunk_frames: int) -> tuple[int,
     most 2x the frames, usually far less)."""
     if min(first_chunk_frames, chunk_frames) < 1:
         raise ValueError("chunk sizes must be at least 1 frame")
-    sizes = set(chunk_plan(first_chunk_frames + 4 * chunk_frames, first_chunk_frames, chunk_frames))
+    sizes = set(chunk_plan(first_chunk_frames + 4 * chunk_frames, first_chunk_frames, chunk_frames)[:-1])  # not the remainder
     size = 1
     while size < chunk_frames:
         sizes.add(size)

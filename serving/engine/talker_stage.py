@@ -29,7 +29,7 @@ from serving.model.sampler import SamplingParams, mask_code0, penalize_repeats, 
 
 PREFILL_TOKEN_BUDGET = 8192  # prompt positions per batched prefill pass (bounds the stall and its memory)
 PREFILL_GRAPH_MAX_LEN = 1024  # longest prompt bucket with a prefill graph (its scratch cache is that long)
-PREFILL_GRAPH_MAX_BURST = 16  # more arrivals at once than this prefill in batched passes instead of graphs
+PREFILL_GRAPHS_PER_STEP = 16  # with prefill graphs: requests admitted between two decode steps (see admit_limit)
 
 
 def _rows(params: SamplingParams, n: int) -> SamplingParams:
@@ -93,6 +93,10 @@ class TalkerRunner:
             self._compile()
         prefill_lengths = make_kv_buckets(min(max_model_len, PREFILL_GRAPH_MAX_LEN), 32)
         self.prefill_graphs = PrefillGraphs(self.talker.model, self.kv, prefill_lengths, device, dtype) if cuda_graphs else None
+        # requests the engine admits between two decode steps: with graphs, a burst of arrivals is spread over
+        # steps, so running streams stall ~16 x 2 ms per step, not for the whole burst (a batched pass of 128
+        # prompts took 190 ms); without, all at once into batched passes (the launches cost the same at any size)
+        self.admit_limit = PREFILL_GRAPHS_PER_STEP if self.prefill_graphs is not None else None
         self.pad_embed = self.prompts.tts_pad_embed().to(device=device, dtype=dtype)  # [H]
         self.lengths = [0] * s  # host mirror of self.pos: how far each slot's keys reach, without a sync
         self._voice_cache: OrderedDict[str, tuple] = OrderedDict()
@@ -173,9 +177,10 @@ class TalkerRunner:
         return results
 
     def _prefill_groups(self, built: list) -> None:
-        """A few prompts go one by one through the prefill graphs (each costs its GPU time, ~1-3 ms, where an
-        uncaptured pass costs ~40 ms of kernel launches at any size); a burst goes in batched passes."""
-        if self.prefill_graphs is not None and len(built) <= PREFILL_GRAPH_MAX_BURST:
+        """With prefill graphs, prompts go one by one through them (each costs its GPU time, ~1-3 ms, where an
+        uncaptured pass costs ~40 ms of kernel launches at any size); the rest (no graphs, or prompts longer than
+        every bucket) in batched passes."""
+        if self.prefill_graphs is not None:
             rest = []
             for slot, request, prompt in built:
                 hidden = self.prefill_graphs.run(prompt.prefill, slot)
