@@ -1,5 +1,6 @@
 """Voice clone (Base) and VoiceDesign checkpoints end to end: voices upload/use/list/delete/restart, API key."""
 
+import io
 import base64
 import json
 import urllib.request
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile as sf
 
 from tests.server_fixtures import ServerThread, post_json
 
@@ -79,6 +81,30 @@ def test_inline_reference_clip_and_embedding(base):
     assert status == 200 and len(emb) == FRAMES * 1920 * 2
     streamed = clone(base, ref_audio=uri, ref_text="Hello there.", stream=True)[2]
     assert np.abs(np.frombuffer(streamed, "<i2").astype(int) - np.frombuffer(icl, "<i2")).max() <= 2
+
+
+def test_an_inline_reference_is_encoded_once_and_reused(base):
+    """The same inline clip sent again hits the engine's voice cache (keyed by its samples), so the second request
+    skips the speaker and codec encoders and still sounds the same for the same seed; another clip is a new entry."""
+    runner = base.server.engine.runner
+    wav = VOICE_WAV.read_bytes()
+    uri = "data:audio/wav;base64," + base64.b64encode(wav).decode()
+    encoded = []
+    encode = runner.prompts._encode_reference
+    runner.prompts._encode_reference = lambda audio: encoded.append(1) or encode(audio)
+    try:
+        first = clone(base, ref_audio=uri, ref_text="Hello there.", seed=11)
+        second = clone(base, ref_audio=uri, ref_text="Hello there.", seed=11)
+        assert first[0] == second[0] == 200 and first[2] == second[2]
+        data, sr = sf.read(io.BytesIO(wav), dtype="float32")
+        buf = io.BytesIO()
+        sf.write(buf, data * 0.5, sr, format="WAV")  # another clip: the same words, quieter
+        other = "data:audio/wav;base64," + base64.b64encode(buf.getvalue()).decode()
+        assert clone(base, ref_audio=other, ref_text="Hello.", seed=11)[0] == 200
+    finally:
+        runner.prompts._encode_reference = encode
+    keys = [k for k in runner._voice_cache if k.startswith("inline:")]
+    assert len(keys) >= 2 and len(encoded) <= 2  # at most the first clip (unless cached earlier) and the new one
 
 
 @pytest.mark.parametrize("fields,param", [

@@ -8,6 +8,7 @@ client that goes away cancels its request so its batch slot frees within a step.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -352,6 +353,9 @@ class SpeechServer:
                 embedding = np.asarray(req.speaker_embedding, dtype=np.float32)
             elif req.ref_audio is not None and _looks_inline(req.ref_audio):
                 ref_audio = await self._inline_clip(req.ref_audio)
+                # the engine's voice cache, keyed by the decoded samples: clients that resend the same reference
+                # with every request (the usual way to clone over this API) pay its encoding once
+                voice_key = "inline:" + hashlib.sha256(ref_audio.tobytes()).hexdigest()
             else:
                 name = req.ref_audio if req.ref_audio is not None else req.voice
                 voice = self.voices.get(name)
