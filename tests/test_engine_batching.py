@@ -113,25 +113,3 @@ def test_the_checkpoints_generation_config_reaches_the_api(tmp_path):
     (ckpt / "generation_config.json").write_text(json.dumps(config))
     _runner, _codec, info = load_stages(EngineConfig(model=str(ckpt), **CONFIG))
     assert (info.generation.temperature, info.generation.top_k, info.generation.subtalker_dosample) == (0.55, 7, False)
-
-
-def test_a_burst_is_admitted_a_few_requests_per_step_when_the_runner_limits_it():
-    """With prefill graphs the runner caps admissions per decode step (admit_limit): a burst of arrivals is
-    prefilled over several steps between which running streams go on, and every request still completes."""
-    async def main():
-        engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), max_queue=8, **CONFIG))
-        await engine.start()
-        passes = []
-        engine.observe = lambda phase, seconds: passes.append(phase) if phase == "prefill" else None
-        engine.runner.admit_limit = 1  # what PREFILL_GRAPHS_PER_STEP is on a GPU, made small
-        try:
-            streams = [engine.submit(GenerationRequest(task="CustomVoice", text=f"Request {i}.", speaker="vivian",
-                                                       max_new_tokens=4, sampling=SamplingParams(seed=i)))
-                       for i in range(3)]
-            results = [[c async for c in s] for s in streams]
-            assert [sum(len(c) for c in chunks) for chunks in results] == [4 * 1920] * 3
-            assert len(passes) == 3  # one request per admission, not one pass for all three
-        finally:
-            await engine.shutdown()
-
-    asyncio.run(main())

@@ -260,7 +260,7 @@ class Engine:
                 self._wake_talker.clear()
                 await self._wake_talker.wait()
                 continue
-            admitted = sched.admit(self.runner.admit_limit)
+            admitted = sched.admit()
             if admitted:
                 await self._prefill(admitted)
             self._drop_cancelled()

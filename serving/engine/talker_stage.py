@@ -29,8 +29,7 @@ from serving.model.sampler import SamplingParams, mask_code0, penalize_repeats, 
 
 PREFILL_TOKEN_BUDGET = 8192  # prompt positions per batched prefill pass (bounds the stall and its memory)
 PREFILL_GRAPH_MAX_LEN = 1024  # longest prompt bucket with a prefill graph (its scratch cache is that long)
-PREFILL_GRAPHS_PER_STEP = 16  # with prefill graphs: requests admitted between two decode steps (see admit_limit)
-PREFILL_GRAPH_MAX_GROUP = 4  # admissions up to this many replay prefill graphs one by one; more take a batched pass
+PREFILL_GRAPH_MAX_GROUP = 16  # admissions up to this many replay prefill graphs one by one; more take a batched pass
 
 
 def _rows(params: SamplingParams, n: int) -> SamplingParams:
@@ -94,10 +93,6 @@ class TalkerRunner:
             self._compile()
         prefill_lengths = make_kv_buckets(min(max_model_len, PREFILL_GRAPH_MAX_LEN), 32)
         self.prefill_graphs = PrefillGraphs(self.talker.model, self.kv, prefill_lengths, device, dtype) if cuda_graphs else None
-        # requests the engine admits between two decode steps: with graphs (a GPU), a burst of arrivals is spread
-        # over steps, so running streams stall for a pass of at most 16 prompts per step, not for the whole burst
-        # (a batched pass of 128 prompts took 190 ms); on a CPU, all at once
-        self.admit_limit = PREFILL_GRAPHS_PER_STEP if self.prefill_graphs is not None else None
         self.pad_embed = self.prompts.tts_pad_embed().to(device=device, dtype=dtype)  # [H]
         self.lengths = [0] * s  # host mirror of self.pos: how far each slot's keys reach, without a sync
         self._voice_cache: OrderedDict[str, tuple] = OrderedDict()
@@ -178,10 +173,12 @@ class TalkerRunner:
         return results
 
     def _prefill_groups(self, built: list) -> None:
-        """A few prompts go one by one through the prefill graphs (~5 ms each with prompt building and slot
-        setup, where an uncaptured pass costs ~40 ms of kernel launches at any size); more at once, and prompts
-        longer than every bucket, in batched passes (measured on an H100: replaying graphs for every admission
-        cost c=128 a quarter of its throughput, docs/performance.md)."""
+        """A few prompts go one by one through the prefill graphs (~3-5 ms each with prompt building and slot
+        setup, where an uncaptured pass costs ~40 ms of kernel launches at any size); a larger burst, and
+        prompts longer than every bucket, in batched passes. Of the three policies measured on an H100
+        (docs/performance.md: this one; every admission through graphs, 16 per step; graphs up to 4 with 16
+        per step) this one served the short set best at c=32 and c=128; spreading a burst over steps only
+        helped the long set at c=32."""
         if self.prefill_graphs is not None and len(built) <= PREFILL_GRAPH_MAX_GROUP:
             rest = []
             for slot, request, prompt in built:
