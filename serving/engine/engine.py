@@ -32,7 +32,7 @@ log = logging.getLogger("serving.engine")
 # codec_wait + codec_call of its first chunk, plus the HTTP side.
 PHASES = {
     "queue": "request submitted -> admitted to a KV slot (per request)",
-    "prefill": "one batched prefill pass of the admitted requests (per pass)",
+    "prefill": "the prefill of the requests admitted together: graphs or batched passes (per admission)",
     "talker_step": "one decode step over the running batch, launch to codes on the host (per step)",
     "first_frames": "prefill done -> the frames of the first chunk generated (per request)",
     "codec_wait": "a chunk's frames all generated -> its codec call starts (per chunk)",
@@ -297,7 +297,7 @@ class Engine:
             await asyncio.sleep(0)  # let handlers run between steps
 
     async def _prefill(self, admitted: list) -> None:
-        """Prefill every admitted request in one batched call, then hand each its codec stream."""
+        """Prefill the admitted requests in one call to the talker thread, then hand each its codec stream."""
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         for slot, stream in admitted:
