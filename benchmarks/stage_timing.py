@@ -77,18 +77,22 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     codes = lambda n: rng.integers(0, 2048, size=(n, 16))  # noqa: E731
+
+    def codec_call_ms(batch: int, frames: int) -> float:
+        """Median of 5 codec calls of `batch` streams x `frames` new frames (the first call starts the streams)."""
+        calls = [0]
+
+        def run():
+            codec.decode([CodecChunk(slot, codes(frames), calls[0] == 0) for slot in range(batch)])
+            calls[0] += 1
+        return round(ms(run, 5), 1)
+
     codec_ms = {}
     for batch in (1, 16, 64):
         if batch > codec.num_slots:
             continue
         for frames in (4, 25):
-            calls = [0]
-
-            def run():
-                first = calls[0] == 0
-                calls[0] += 1
-                codec.decode([CodecChunk(slot, codes(frames), first) for slot in range(batch)])
-            codec_ms[f"b{batch} x{frames} frames"] = round(ms(run, 5), 1)
+            codec_ms[f"b{batch} x{frames} frames"] = codec_call_ms(batch, frames)
     out["codec_call_ms"] = codec_ms
     print("codec call ms:", codec_ms, flush=True)
 
@@ -128,13 +132,7 @@ def main() -> None:
     time.sleep(0.5)
     contended = {}
     for batch, frames in ((1, 4), (1, 25), (16, 25)):
-        calls = [0]
-
-        def run():
-            first = calls[0] == 0
-            calls[0] += 1
-            codec.decode([CodecChunk(s, codes(frames), first) for s in range(batch)])
-        contended[f"b{batch} x{frames} frames, talker stepping"] = round(ms(run, 5), 1)
+        contended[f"b{batch} x{frames} frames, talker stepping"] = codec_call_ms(batch, frames)
     stop.set()
     thread.join()
     out["codec_call_ms_contended"] = contended

@@ -17,13 +17,13 @@ On a GPU each call replays a CUDA graph of the step for the smallest (batch, fra
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from serving.engine.codec_graphs import CodecGraphReport, CodecGraphs, pad_rows, run_step
+from serving.engine.cuda_graphs import wait_sleeping
 from serving.model.codec_decoder import SnakeBeta
 from serving.model.codec_stream import IncrementalCodecDecoder, next_chunk_frames
 
@@ -141,7 +141,8 @@ class CodecRunner:
         """The codec's side of the engine's configuration (GET /health): device, dtype, state, graphs."""
         param = next(self.pool.decoder.parameters())
         d = {"codec_device": str(param.device), "codec_dtype": str(param.dtype).removeprefix("torch."),
-             "codec_slots": self.num_slots, "codec_compiled_activations": self.compiled_activations, "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
+             "codec_slots": self.num_slots, "codec_compiled_activations": self.compiled_activations,
+             "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
         report = self.graph_report or CodecGraphReport((), (), 0, self.graph_budget_bytes)
         return d | report.describe()
 
@@ -166,21 +167,17 @@ class CodecRunner:
 
     def _to_host(self, wav: torch.Tensor) -> np.ndarray:
         """The call's waveforms on the host, as float32. On a GPU: one asynchronous copy into a pinned buffer and
-        a polling wait that sleeps (as the talker's, talker_stage._to_host): a blocking copy holds this thread in
-        a CUDA call while the talker thread of the same process wants to launch its frame, and a pageable copy
-        of 64 x 25 frames took 7 ms on an H100 (docs/performance.md)."""
+        a polling wait that sleeps (cuda_graphs.wait_sleeping, as the talker's); a pageable copy of 64 x 25 frames
+        took 7 ms on an H100 (docs/performance.md)."""
         if self._copied is None:
             return wav.float().numpy()
         rows, samples = wav.shape
-        if self._host is None or self._host.shape[0] < rows or self._host.shape[1] < samples:
-            shape = (max(rows, 0 if self._host is None else self._host.shape[0]),
-                     max(samples, 0 if self._host is None else self._host.shape[1]))
-            self._host = torch.empty(shape, dtype=torch.float32, pin_memory=True)
+        held = self._host.shape if self._host is not None else (0, 0)
+        if rows > held[0] or samples > held[1]:  # grows to the largest call seen
+            self._host = torch.empty((max(rows, held[0]), max(samples, held[1])), dtype=torch.float32, pin_memory=True)
         out = self._host[:rows, :samples]
         out.copy_(wav, non_blocking=True)
-        self._copied.record()
-        while not self._copied.query():
-            time.sleep(0.0002)
+        wait_sleeping(self._copied)
         return out.numpy()
 
     def _check(self, rows: list[tuple[int, np.ndarray, bool]]) -> None:

@@ -13,11 +13,22 @@ run eagerly.
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import torch
 
 SMALLEST_KV_BUCKET = 128
+
+
+def wait_sleeping(event: torch.cuda.Event, stream: torch.cuda.Stream | None = None) -> None:
+    """Until the work queued so far on `stream` (default: the current one) is done, polling with short sleeps.
+
+    The talker and codec threads share one process: a blocking CUDA wait in one thread kept the other from
+    launching its kernels (a codec call took up to 9x longer while the talker waited, docs/performance.md)."""
+    event.record(stream)
+    while not event.query():
+        time.sleep(0.0002)
 
 
 def make_kv_buckets(max_model_len: int, smallest: int = SMALLEST_KV_BUCKET) -> tuple[int, ...]:

@@ -12,14 +12,13 @@ of arrivals stalls the running streams for one batched pass instead of one pass 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections import OrderedDict
 
 import numpy as np
 import torch
 
 from serving.engine.cuda_graphs import (CacheView, FrameGraphs, PrefillGraphs, make_graph_buckets, make_kv_buckets,
-                                       smallest_cover)
+                                       smallest_cover, wait_sleeping)
 from serving.engine.length_policy import frame_limit
 from serving.engine.request import GenerationRequest
 from serving.engine.rng import exponential_noise
@@ -291,9 +290,7 @@ class TalkerRunner:
         """Until the talker's stream is done, polling with sleeps (see _to_host)."""
         if self.stream is None:
             return
-        self._copied.record(self.stream)
-        while not self._copied.query():
-            time.sleep(0.0002)
+        wait_sleeping(self._copied, self.stream)
 
     def step_tensors(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The frame on the device, by the path decode_step takes (no host bookkeeping; benchmarks time this).
