@@ -4,7 +4,7 @@
 
 JOBS_JSON is a list of [mode, *args] run in one process (importing transformers once costs ~20 s here):
     ["keys", CONFIG_JSON, SPEAKER_CONFIG_JSON, OUT_JSON]
-    ["decode", SPEECH_TOKENIZER_DIR, CODES_NPY, OUT_NPZ]
+    ["decode", SPEECH_TOKENIZER_DIR, CODES_NPY, OUT_NPZ, DTYPE?]  (DTYPE: float32 default, bfloat16)
     ["encode", SPEECH_TOKENIZER_DIR, AUDIO_FILE, OUT_NPZ]
     ["xvector", SPEAKER_CONFIG_JSON, WEIGHTS, AUDIO_FILE, OUT_NPZ]
     ["mel_filterbank", OUT_NPY]
@@ -44,14 +44,15 @@ def keys(config_json, speaker_config_json, out_json):
         json.dump(shapes, f)
 
 
-def _load_tokenizer(directory):
+def _load_tokenizer(directory, dtype="float32"):
+    """As Qwen3TTSModel.from_pretrained(..., dtype=...) loads its speech tokenizer: with the model's dtype."""
     from qwen_tts.inference.qwen3_tts_tokenizer import Qwen3TTSTokenizer
-    return Qwen3TTSTokenizer.from_pretrained(directory, dtype=torch.float32)
+    return Qwen3TTSTokenizer.from_pretrained(directory, dtype=getattr(torch, dtype))
 
 
-def decode(directory, codes_npy, out_npz):
+def decode(directory, codes_npy, out_npz, dtype="float32"):
     """codes (B, T, 16) with -1 right padding -> one waveform per row (Qwen3TTSTokenizer.decode)."""
-    tokenizer = _load_tokenizer(directory)
+    tokenizer = _load_tokenizer(directory, dtype)
     codes = np.load(codes_npy)
     rows = [row[: int((row[:, 0] > -1).sum())] for row in codes]
     wavs, sr = tokenizer.decode([{"audio_codes": torch.from_numpy(r)} for r in rows])

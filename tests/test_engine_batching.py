@@ -1,6 +1,7 @@
 """The talker stage and the engine on a tiny random checkpoint: exact codes in any batch, cancellation."""
 
 import asyncio
+import contextlib
 
 import numpy as np
 import pytest
@@ -67,6 +68,24 @@ def test_seed_decides_the_codes(stages):
     assert np.array_equal(run_frames(runner, [(0, req)], 4)[0], run_frames(runner, [(2, req)], 4)[2])
 
 
+def test_a_slot_is_freed_on_the_talker_stream(stages, monkeypatch):
+    """release() runs on the event loop's thread, whose current stream is the default one, where the codec's
+    kernels queue: its writes must go on the talker's stream, or they could land after the slot's next
+    prefill (which runs there) and zero the new request's position. The writes happen inside _on_stream."""
+    runner = stages[0]
+    runner.prefill(1, requests()[0])
+    inside = []
+
+    @contextlib.contextmanager
+    def on_stream():
+        yield
+        inside.append((int(runner.active[1]), int(runner.pos[1])))
+
+    monkeypatch.setattr(runner, "_on_stream", on_stream)
+    runner.release(1)
+    assert inside == [(0, 0)] and runner.lengths[1] == 0
+
+
 def test_a_prompt_longer_than_the_slot_is_refused(stages):
     runner = stages[0]
     long = GenerationRequest(task="CustomVoice", text="word " * 400, speaker="vivian", max_new_tokens=4)
@@ -113,3 +132,36 @@ def test_the_checkpoints_generation_config_reaches_the_api(tmp_path):
     (ckpt / "generation_config.json").write_text(json.dumps(config))
     _runner, _codec, info = load_stages(EngineConfig(model=str(ckpt), **CONFIG))
     assert (info.generation.temperature, info.generation.top_k, info.generation.subtalker_dosample) == (0.55, 7, False)
+
+
+def test_a_step_launched_past_a_requests_end_never_reaches_the_next_request_in_its_slot():
+    """The engine launches step N+1 before it reads step N, so a request that ends at N runs one more frame in
+    its slot; with one slot the next request is prefilled into that slot right after. Its audio must equal
+    its audio alone, and the one that ran to the end of its KV slot (max_model_len - prompt - 1 frames, the
+    spare position takes the extra frame's key) must end cleanly."""
+    async def audio(engine, request):
+        return np.concatenate([c async for c in engine.submit(request)])
+
+    def fills_the_slot():
+        return GenerationRequest(task="CustomVoice", text="Fill it.", speaker="vivian", max_new_tokens=63,
+                                 sampling=SamplingParams(seed=4))
+
+    def follower():
+        return GenerationRequest(task="CustomVoice", text="After it.", speaker="ryan", max_new_tokens=5,
+                                 sampling=SamplingParams(seed=5))
+
+    async def main():
+        config = {**CONFIG, "max_batch_size": 1, "max_model_len": 64}
+        engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), max_queue=2, **config))
+        await engine.start()
+        try:
+            alone = await audio(engine, follower())
+            first, second = await asyncio.gather(audio(engine, fills_the_slot()), audio(engine, follower()))
+            prompt = engine.runner.prompts.build(fills_the_slot(), lambda key, compute: compute())[0].prefill
+            return alone, first, second, prompt.shape[0]
+        finally:
+            await engine.shutdown()
+
+    alone, first, second, prompt_len = asyncio.run(main())
+    assert len(first) == (64 - prompt_len - 1) * 1920
+    assert len(alone) == 5 * 1920 and np.array_equal(second, alone)

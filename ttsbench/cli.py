@@ -323,7 +323,7 @@ def serve(
     max_graph_batch: int = typer.Option(128, min=1, help="Largest batch bucket with captured CUDA graphs; bigger steps run eagerly."),
     ignore_eos: bool = typer.Option(False, help="Benchmark mode for random weights: never stop at end-of-speech; each request stops at --length-policy."),
     length_policy: str = typer.Option("text", help="With --ignore-eos: text (frames for the input's spoken length: 15 chars/s, CJK 4.5 chars/s, capped by max_new_tokens) or max-new-tokens."),
-    codec_dtype: str = typer.Option("float32", help="Codec decoder weights and state: float32, bfloat16 or float16 (bf16 speed and quality not yet measured)."),
+    codec_dtype: str = typer.Option("auto", help="Codec decoder weights and state: auto (bfloat16 on CUDA, as the official qwen-tts loads it with the model's dtype; float32 on CPU), float32, bfloat16 or float16."),
     codec_graph_batches: Optional[str] = typer.Option(None, help="Batch sizes of the codec's CUDA graphs, e.g. 1,4,16 (default: 1, 2, 4, 8, 16; 'none': codec always eager). Each gets a graph per chunk size streaming produces."),
     codec_graph_memory_gb: Optional[float] = typer.Option(None, min=0, help="Most GPU memory the codec's CUDA graphs may take; the largest buckets are dropped first (and run eagerly). Default: no limit; the startup log and /health list each graph's memory."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),

@@ -39,7 +39,7 @@ class ServeOptions:
     max_graph_batch: int = 128
     ignore_eos: bool = False
     length_policy: str = "text"
-    codec_dtype: str = "float32"
+    codec_dtype: str = "auto"
     codec_graph_batches: str | None = None  # "1,2,4,8,16", or "none"
     codec_graph_memory_gb: float | None = None
 

@@ -27,6 +27,11 @@ def wait_sleeping(event: torch.cuda.Event, stream: torch.cuda.Stream | None = No
     The talker and codec threads share one process: a blocking CUDA wait in one thread kept the other from
     launching its kernels (a codec call took up to 9x longer while the talker waited, docs/performance.md)."""
     event.record(stream)
+    sleep_until(event)
+
+
+def sleep_until(event: torch.cuda.Event) -> None:
+    """Until a recorded event has happened, polling with short sleeps (see wait_sleeping)."""
     while not event.query():
         time.sleep(0.0002)
 

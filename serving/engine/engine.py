@@ -61,7 +61,7 @@ class EngineConfig:
     max_graph_batch: int = 128  # largest batch bucket with captured graphs; bigger steps run eagerly
     ignore_eos: bool = False  # benchmark mode for random weights: stop by length_policy, never at eos
     length_policy: str = "text"  # with ignore_eos: text (spoken length of the input) or max-new-tokens
-    codec_dtype: str = "float32"  # the codec decoder's weights and state (bf16 is untested for speed and quality)
+    codec_dtype: str = "auto"  # the codec decoder's weights and state; auto: bfloat16 on CUDA (as the official loads it), float32 on CPU
     codec_graph_batches: tuple[int, ...] | None = None  # codec graph batch buckets; None: 1, 2, 4, ... max_codec_batch
     codec_graph_memory_gb: float | None = None  # most memory codec graphs may take (None: no limit)
 
@@ -252,11 +252,19 @@ class Engine:
 
     # --- stage 0: talker ---------------------------------------------------------------------------------
     async def _talker_loop(self) -> None:
+        """Admit, prefill, launch the next step, then hand out the previous step's codes while it computes.
+
+        One step stays in flight: step N+1 is queued on the GPU before step N's codes are dealt to their
+        streams, so that host work (this loop, the HTTP handlers between steps) overlaps the GPU instead of
+        leaving it idle between frames. A request that ended at step N has run step N+1 too; those codes are
+        dropped, since each step remembers which stream held each slot when it was launched."""
         loop = asyncio.get_running_loop()
         sched = self.scheduler
+        inflight = None  # (handle, rows, launched at) of the step whose codes are not read yet
+        last_codes = 0.0  # when the previous step's codes reached the host
         while not self._stopping:
             self._drop_cancelled()
-            if sched.num_running == 0 and sched.num_waiting == 0:
+            if inflight is None and sched.num_running == 0 and sched.num_waiting == 0:
                 self._wake_talker.clear()
                 await self._wake_talker.wait()
                 continue
@@ -265,36 +273,57 @@ class Engine:
                 await self._prefill(admitted)
             self._drop_cancelled()
             rows = sched.running()
-            if not rows:
-                continue
-            try:
+            launched = None
+            if rows:
                 t0 = time.monotonic()
-                codes, ended = await loop.run_in_executor(self._talker_pool, self.runner.decode_step,
-                                                          sched.bucket())
-            except Exception:
-                log.exception("decode step failed; failing the running requests")
-                for _, stream in rows:
-                    self._fail(stream, RequestFailed("generation failed"))
-                continue
-            now = time.monotonic()
-            self.observe("talker_step", now - t0)
-            self._frames_total += len(rows)
-            self._recent_frames.append((now, len(rows)))
-            for slot, stream in rows:
-                if stream.cancelled:
-                    continue
-                if not ended[slot]:
-                    stream.codec.pending.append(codes[slot])
-                    stream.frames += 1
-                if ended[slot] or stream.frames >= stream.max_frames:
-                    self._release(stream)
-                    stream.codec.finished = True
-                if stream.codec.due_since is None and stream.codec.due():
-                    stream.codec.due_since = now
-                    if stream.codec.decoded_frames == 0:
-                        self.observe("first_frames", now - stream.t_prefilled)
-            self._wake_codec.set()
+                try:
+                    handle = await loop.run_in_executor(self._talker_pool, self.runner.launch, sched.bucket())
+                    launched = (handle, rows, t0)
+                except Exception:
+                    log.exception("decode step failed; failing the running requests")
+                    self._fail_rows(rows)
+            if inflight is not None:
+                last_codes = await self._deal(*inflight, last_codes)
+            inflight = launched
             await asyncio.sleep(0)  # let handlers run between steps
+
+    async def _deal(self, handle, rows: list, launched: float, last_codes: float) -> float:
+        """Wait for a launched step's codes and hand each row's frame to its stream; returns when they came.
+        Phase talker_step is the time since the later of its launch and the previous step's codes: the pace
+        of frames as the streams see it."""
+        try:
+            codes, ended = await asyncio.get_running_loop().run_in_executor(self._talker_pool, self.runner.collect,
+                                                                           handle)
+        except Exception:
+            log.exception("decode step failed; failing the running requests")
+            self._fail_rows(rows)
+            return time.monotonic()
+        now = time.monotonic()
+        self.observe("talker_step", now - max(launched, last_codes))
+        dealt = 0
+        for slot, stream in rows:
+            if stream.slot != slot or stream.cancelled:  # ended at the previous step, or its client left
+                continue
+            dealt += 1
+            if not ended[slot]:
+                stream.codec.pending.append(codes[slot])
+                stream.frames += 1
+            if ended[slot] or stream.frames >= stream.max_frames:
+                self._release(stream)
+                stream.codec.finished = True
+            if stream.codec.due_since is None and stream.codec.due():
+                stream.codec.due_since = now
+                if stream.codec.decoded_frames == 0:
+                    self.observe("first_frames", now - stream.t_prefilled)
+        self._frames_total += dealt
+        self._recent_frames.append((now, dealt))
+        self._wake_codec.set()
+        return now
+
+    def _fail_rows(self, rows: list) -> None:
+        for slot, stream in rows:
+            if stream.slot == slot:
+                self._fail(stream, RequestFailed("generation failed"))
 
     async def _prefill(self, admitted: list) -> None:
         """Prefill the admitted requests in one call to the talker thread, then hand each its codec stream."""

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from serving.engine.cuda_graphs import (CacheView, FrameGraphs, PrefillGraphs, make_graph_buckets, make_kv_buckets,
-                                       smallest_cover, wait_sleeping)
+                                       sleep_until, smallest_cover, wait_sleeping)
 from serving.engine.length_policy import frame_limit
 from serving.engine.request import GenerationRequest
 from serving.engine.rng import exponential_noise
@@ -29,6 +30,26 @@ from serving.model.sampler import SamplingParams, mask_code0, penalize_repeats, 
 PREFILL_TOKEN_BUDGET = 8192  # prompt positions per batched prefill pass (bounds the stall and its memory)
 PREFILL_GRAPH_MAX_LEN = 1024  # longest prompt bucket with a prefill graph (its scratch cache is that long)
 PREFILL_GRAPH_MAX_GROUP = 16  # admissions up to this many replay prefill graphs one by one; more take a batched pass
+
+
+class _HostBuffer:
+    """Pinned landing place of one step's codes, and the event that says they have arrived."""
+
+    def __init__(self, slots: int, groups: int):
+        self.codes = torch.empty(slots, groups, dtype=torch.int64, pin_memory=True)
+        self.ended = torch.empty(slots, dtype=torch.bool, pin_memory=True)
+        self.event = torch.cuda.Event()
+        self.busy = False
+
+
+@dataclass
+class StepHandle:
+    """A launched decode step over slots [0, bucket): its codes on the host (CPU) or on their way (GPU)."""
+
+    bucket: int
+    codes: np.ndarray | None = None
+    ended: np.ndarray | None = None
+    buffer: _HostBuffer | None = None
 
 
 def _rows(params: SamplingParams, n: int) -> SamplingParams:
@@ -83,9 +104,9 @@ class TalkerRunner:
         self.graphs = FrameGraphs(lambda b, kv: self._step(b, kv, True), device) if cuda_graphs else None
         # the talker's own CUDA stream: its frames never queue behind the codec's kernels on the default stream
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        if self.stream is not None:  # pinned landing buffers for each step's codes (see _to_host)
-            self._host_codes = torch.empty(s, self.num_groups, dtype=torch.int64, pin_memory=True)
-            self._host_ended = torch.empty(s, dtype=torch.bool, pin_memory=True)
+        if self.stream is not None:  # pinned landing buffers for the codes of two outstanding steps (launch)
+            self._buffers = [_HostBuffer(s, self.num_groups) for _ in range(2)]
+            self._next_buffer = 0
             self._copied = torch.cuda.Event()
         self.compile_layers = compile_layers
         if compile_layers:
@@ -154,7 +175,9 @@ class TalkerRunner:
             try:
                 prompt, ref_codes = self.prompts.build(request, self._voice_cache_lookup)
                 length = prompt.prefill.shape[0]
-                room = self.max_model_len - length
+                # one position to spare: the engine launches a step before it reads the previous one, so a
+                # request that has just ended runs one more frame (discarded), which writes one more key
+                room = self.max_model_len - length - 1
                 if room < 1:
                     raise ValueError(f"the prompt takes {length} positions, more than --max-model-len "
                                      f"{self.max_model_len} allows; shorten the input or the reference")
@@ -256,38 +279,60 @@ class TalkerRunner:
         return value
 
     def release(self, slot: int) -> None:
+        """Free a slot. Its device writes go on the talker's stream: on the caller's (default) stream they would
+        queue behind the codec's kernels and could land after the slot's next prefill, zeroing the new
+        request's position (the talker stream never waits for the default one)."""
         self.candidate_ok[slot] = True
-        self.active[slot] = 0
-        self.pos[slot] = 0
         self.lengths[slot] = 0
+        with self._on_stream():
+            self.active[slot] = 0
+            self.pos[slot] = 0
 
     # --- decode ------------------------------------------------------------------------------------------
-    @torch.inference_mode()
     def decode_step(self, bucket: int) -> tuple[np.ndarray, np.ndarray]:
-        """One frame for slots [0, bucket): (codes [bucket, Q] int64, ended [bucket] bool: end of speech).
-        Replays the captured graph of (bucket, KV bucket) when there is one, else runs the step eagerly."""
+        """One frame for slots [0, bucket): (codes [bucket, Q] int64, ended [bucket] bool: end of speech)."""
+        return self.collect(self.launch(bucket))
+
+    @torch.inference_mode()
+    def launch(self, bucket: int) -> StepHandle:
+        """Queue one frame for slots [0, bucket) and return at once (on a GPU; a CPU computes it here): the
+        graph of (bucket, KV bucket) when there is one, else the eager step, then an asynchronous copy of its
+        codes into a pinned buffer. The engine launches step N+1 before it collects step N, so the GPU
+        computes while the host hands out step N's codes; two steps may be outstanding (two buffers)."""
         with self._on_stream():
-            codes, ended = self._to_host(*self.step_tensors(bucket))
+            codes, ended = self.step_tensors(bucket)
+            if self.stream is None:
+                handle = StepHandle(bucket, codes.numpy(), ended.numpy())
+            else:
+                buf = self._buffers[self._next_buffer]
+                self._next_buffer ^= 1
+                if buf.busy:
+                    raise RuntimeError("two decode steps are already outstanding: collect one first")
+                buf.busy = True
+                buf.codes[:bucket].copy_(codes, non_blocking=True)
+                buf.ended[:bucket].copy_(ended, non_blocking=True)
+                buf.event.record(self.stream)
+                handle = StepHandle(bucket, buffer=buf)
         for i in range(bucket):
             if self.lengths[i]:
                 self.lengths[i] += 1
+        return handle
+
+    def collect(self, handle: StepHandle) -> tuple[np.ndarray, np.ndarray]:
+        """The launched step's (codes, ended) on the host. On a GPU a polling wait that sleeps, so this thread
+        never sits in a blocking CUDA call while the codec thread (same process, same GPU) wants to launch
+        its kernels: measured, a blocking wait here made the codec's calls up to 9x slower."""
+        buf = handle.buffer
+        if buf is None:
+            return handle.codes, handle.ended
+        sleep_until(buf.event)
+        b = handle.bucket
+        codes, ended = buf.codes[:b].numpy().copy(), buf.ended[:b].numpy().copy()
+        buf.busy = False
         return codes, ended
 
-    def _to_host(self, codes: torch.Tensor, ended: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        """The step's outputs on the host. On a GPU: an asynchronous copy into pinned buffers, then a polling
-        wait that sleeps, so this thread never sits in a blocking CUDA call while the codec thread (same
-        process, same GPU) wants to launch its kernels: measured, a blocking wait here made the codec's calls
-        up to 9x slower while the talker stepped."""
-        if self.stream is None:
-            return codes.numpy(), ended.numpy()
-        b = codes.shape[0]
-        self._host_codes[:b].copy_(codes, non_blocking=True)
-        self._host_ended[:b].copy_(ended, non_blocking=True)
-        self._wait()
-        return self._host_codes[:b].numpy().copy(), self._host_ended[:b].numpy().copy()
-
     def _wait(self) -> None:
-        """Until the talker's stream is done, polling with sleeps (see _to_host)."""
+        """Until the talker's stream is done, polling with sleeps (see collect)."""
         if self.stream is None:
             return
         wait_sleeping(self._copied, self.stream)
