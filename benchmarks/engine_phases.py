@@ -3,8 +3,8 @@
     python benchmarks/engine_phases.py BEFORE.txt AFTER.txt [--json OUT.json]
 
 gpu_bench.sh scrapes before and after each load level, so each level gets its own breakdown of where the time
-went inside the server (serving.engine.engine.PHASES): queue, prefill, talker_step, first_frames, codec_wait,
-codec_call. Prints one line, writes {phase: {"count", "mean_ms"}}.
+went inside the server (serving.engine.engine.PHASES): accept, queue, prefill, talker_step, first_frames,
+codec_wait, codec_call, deliver. Prints one line, writes {phase: {"count", "mean_ms"}}.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def main() -> None:
                   for path in summaries if (path.parent / "engine_phases.json").exists()]
         if phased:
             print("## Inside the server: mean ms per engine phase (benchmarks/engine_phases.py; count in brackets)\n")
-            names = ("queue", "prefill", "first_frames", "talker_step", "codec_wait", "codec_call")
+            names = ("accept", "queue", "prefill", "first_frames", "talker_step", "codec_wait", "codec_call", "deliver")
             print("| run | " + " | ".join(names) + " |")
             print("|---" * (len(names) + 1) + "|")
             for label, phases in phased:

@@ -208,5 +208,6 @@ def test_metrics_break_requests_down_by_engine_phase(server):
     assert gained["queue"] == 1 and gained["first_frames"] == 1 and gained["prefill"] >= 1
     assert gained["talker_step"] >= FRAMES  # one step per frame (other requests' steps would only add)
     assert gained["codec_call"] >= 2 and gained["codec_wait"] >= gained["codec_call"]  # the stream's chunks
+    assert gained["accept"] == 1 and gained["deliver"] == gained["codec_wait"]  # each chunk reached the handler
     m = server.metrics()
     assert all(m[f'ttsbench_engine_phase_seconds_sum{{phase="{phase}"}}'] > 0 for phase in PHASES)

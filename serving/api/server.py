@@ -255,6 +255,7 @@ class SpeechServer:
         gen = await self._generation_request(req)
         try:
             stream = self.engine.submit(gen)
+            self.engine.observe("accept", time.monotonic() - t_arrival)
         except QueueFullError as exc:
             retry = str(self.engine.retry_after_s())
             raise APIError(503, f"server over capacity: {exc}; retry after {retry} s", code="server_busy",

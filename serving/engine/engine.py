@@ -37,6 +37,8 @@ PHASES = {
     "first_frames": "prefill done -> the frames of the first chunk generated (per request)",
     "codec_wait": "a chunk's frames all generated -> its codec call starts (per chunk)",
     "codec_call": "one batched codec call, codes in to waveforms on the host (per call)",
+    "deliver": "a chunk's waveform ready -> its HTTP handler takes it (per chunk): the event loop's lag",
+    "accept": "(server) the request's handler starts -> submitted: body, parsing, reference audio (per request)",
 }
 
 
@@ -133,6 +135,9 @@ class RequestStream:
 
     async def __anext__(self) -> np.ndarray:
         item = await self.queue.get()
+        if isinstance(item, tuple):  # (waveform, when it was ready)
+            self.engine.observe("deliver", time.monotonic() - item[1])
+            return item[0]
         if item is None:
             self.finished = True
             raise StopAsyncIteration
@@ -401,9 +406,10 @@ class Engine:
                 for stream in batch:
                     self._fail(stream, RequestFailed("audio decoding failed"))
                 continue
+            ready = time.monotonic()
             for stream, wav in zip(batch, wavs):
                 if not stream.cancelled:
-                    stream.queue.put_nowait(wav)
+                    stream.queue.put_nowait((wav, ready))
 
     def _retire(self, stream: RequestStream) -> bool:
         """A stream leaves the codec stage, and gives back its codec slot, once all its audio is out (or its
