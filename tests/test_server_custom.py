@@ -22,7 +22,8 @@ FRAMES = 6  # max_new_tokens of most requests: random weights never end speech, 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerThread("tiny-random", tmp_path_factory.mktemp("voices"), max_batch_size=8, max_queue=4)
+    srv = ServerThread("tiny-random", tmp_path_factory.mktemp("voices"), max_batch_size=8, max_queue=4,
+                       max_codec_batch=4)
     yield srv
     srv.stop()
 
@@ -41,7 +42,7 @@ def pcm_of(status_headers_body):
 def test_health_models_and_metrics(server):
     with urllib.request.urlopen(server.url + "/health") as r:
         health = json.loads(r.read())
-    assert health["status"] == "ok" and health["engine"]["num_slots"] == 8
+    assert health["status"] == "ok" and health["engine"]["num_slots"] == 8 and health["engine"]["max_codec_batch"] == 4
     with urllib.request.urlopen(server.url + "/v1/models") as r:
         models = json.loads(r.read())
     assert models["data"][0]["id"] == "tiny-random" and models["data"][0]["task_type"] == "CustomVoice"

@@ -40,6 +40,7 @@ class ServeOptions:
     ignore_eos: bool = False
     length_policy: str = "text"
     codec_dtype: str = "auto"
+    max_codec_batch: int = 16
     codec_graph_batches: str | None = None  # "1,2,4,8,16", or "none"
     codec_graph_memory_gb: float | None = None
 
@@ -58,7 +59,7 @@ def build_server(options: ServeOptions) -> SpeechServer:
         first_chunk_frames=options.first_chunk_frames, left_context_frames=options.left_context_frames,
         enforce_eager=options.enforce_eager, compile=options.compile, max_graph_batch=options.max_graph_batch,
         ignore_eos=options.ignore_eos, length_policy=options.length_policy, codec_dtype=options.codec_dtype,
-        codec_graph_batches=parse_batches(options.codec_graph_batches),
+        max_codec_batch=options.max_codec_batch, codec_graph_batches=parse_batches(options.codec_graph_batches),
         codec_graph_memory_gb=options.codec_graph_memory_gb)
     check_placement(config)  # a bad device or dtype fails here, before the server listens
     voices_dir = options.voices_dir or cache_root() / "voices" / _safe(name)
