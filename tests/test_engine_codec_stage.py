@@ -110,6 +110,26 @@ def test_primed_stream_equals_one_shot_of_reference_and_generated(runner, decode
     assert np.abs(audio - one_shot(decoder, np.concatenate([ref, gen]))[20 * SPF:]).max() < 1e-4
 
 
+def test_a_reference_is_primed_once_and_its_state_reused_in_other_slots(runner, decoder, monkeypatch):
+    """The state priming leaves is kept per reference: a second stream with the same reference (another slot,
+    other frames) restores it instead of priming again, and still equals the one-shot decode; a different
+    reference primes anew."""
+    primed = []
+    prime = runner.pool.prime
+    monkeypatch.setattr(runner.pool, "prime", lambda chunks: (primed.append(len(chunks)), prime(chunks)))
+    ref, other = codes(20, 5), codes(12, 11)
+    runner.assign(new_stream())  # slot 0 busy
+    first = stream_through(runner, new_stream(4, 25, prime=ref), codes(9, 6))
+    runner.assign(new_stream())  # and the first one's slot too
+    gen = codes(30, 12)
+    again = stream_through(runner, new_stream(2, 25, prime=ref), gen)
+    assert primed == [1]  # the second stream restored the saved state
+    assert first.shape == (9 * SPF,)
+    assert np.abs(again - one_shot(decoder, np.concatenate([ref, gen]))[20 * SPF:]).max() < 1e-4
+    stream_through(runner, new_stream(4, 25, prime=other), gen)
+    assert primed == [1, 1]
+
+
 def test_batched_streams_at_different_positions_equal_one_shot(runner, decoder):
     """Three streams fed and decoded together in shared steps: different slots, chunk sizes, starts and a
     primed first chunk in the same call."""

@@ -84,8 +84,9 @@ def test_inline_reference_clip_and_embedding(base):
 
 
 def test_an_inline_reference_is_encoded_once_and_reused(base):
-    """The same inline clip sent again hits the engine's voice cache (keyed by its samples), so the second request
-    skips the speaker and codec encoders and still sounds the same for the same seed; another clip is a new entry."""
+    """The same inline clip sent again is neither decoded (the server keeps decoded clips by the file's hash) nor
+    encoded again (the engine's voice cache), and still sounds the same for the same seed; another clip is a
+    new entry in both."""
     runner = base.server.engine.runner
     wav = VOICE_WAV.read_bytes()
     uri = "data:audio/wav;base64," + base64.b64encode(wav).decode()
@@ -93,11 +94,15 @@ def test_an_inline_reference_is_encoded_once_and_reused(base):
     encode = runner.prompts._encode_reference
     runner.prompts._encode_reference = lambda audio: encoded.append(1) or encode(audio)
     runner._voice_cache.clear()  # earlier tests may have sent this clip
+    base.server._clips.clear()
+    decoded = []
+    decode = base.server._decode_clip
+    base.server._decode_clip = lambda data, param: decoded.append(1) or decode(data, param)
     try:
         first = clone(base, ref_audio=uri, ref_text="Hello there.", seed=11)
         second = clone(base, ref_audio=uri, ref_text="Hello there.", seed=11)
         assert first[0] == second[0] == 200 and first[2] == second[2]
-        assert len(encoded) == 1  # the second request reused the first one's encoding
+        assert len(encoded) == 1 and len(decoded) == 1  # the second request reused the first one's work
         data, sr = sf.read(io.BytesIO(wav), dtype="float32")
         buf = io.BytesIO()
         sf.write(buf, data * 0.5, sr, format="WAV")  # another clip: the same words, quieter
@@ -105,7 +110,8 @@ def test_an_inline_reference_is_encoded_once_and_reused(base):
         assert clone(base, ref_audio=other, ref_text="Hello.", seed=11)[0] == 200
     finally:
         runner.prompts._encode_reference = encode
-    assert len(encoded) == 2 and sum(k.startswith("inline:") for k in runner._voice_cache) == 2  # a new clip, a new entry
+        base.server._decode_clip = decode
+    assert len(encoded) == 2 and len(decoded) == 2 and sum(k.startswith("inline:") for k in runner._voice_cache) == 2  # a new clip, a new entry
 
 
 @pytest.mark.parametrize("fields,param", [

@@ -17,6 +17,8 @@ On a GPU each call replays a CUDA graph of the step for the smallest (batch, fra
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -99,10 +101,11 @@ class CodecRunner:
 
     def __init__(self, decoder: torch.nn.Module, device: torch.device, num_quantizers: int, num_slots: int,
                  graph_buckets: tuple[tuple[int, int], ...] = (), graph_budget_bytes: int | None = None,
-                 compile_activations: bool = False):
+                 compile_activations: bool = False, primed_cache_size: int = 32):
         """graph_buckets: (batch, frames) shapes to capture at warm-up (none: every call runs eagerly);
         graph_budget_bytes: the most memory they may take (None: no limit), the largest dropped first;
-        compile_activations: torch.compile the SnakeBeta activations (see compile_snakes)."""
+        compile_activations: torch.compile the SnakeBeta activations (see compile_snakes);
+        primed_cache_size: states after priming kept, one per distinct reference (see _prime)."""
         self.pool = IncrementalCodecDecoder(decoder, num_slots)
         self.device = device
         self.num_quantizers = num_quantizers
@@ -113,6 +116,8 @@ class CodecRunner:
         self.compiled_activations = compile_activations and compile_snakes(decoder)
         self._host: torch.Tensor | None = None  # pinned landing buffer of the waveforms (GPU only, see _to_host)
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
+        self.primed_cache_size = primed_cache_size
+        self._primed: OrderedDict[str, list[torch.Tensor]] = OrderedDict()
 
     @property
     def num_slots(self) -> int:
@@ -151,7 +156,7 @@ class CodecRunner:
         """One float32 waveform per chunk: its new frames' samples."""
         if not chunks:
             return []
-        self.pool.prime([(c.slot, torch.from_numpy(c.prime)) for c in chunks if c.prime is not None])
+        self._prime([c for c in chunks if c.prime is not None])
         rows = [(c.slot, c.codes, c.first and c.prime is None) for c in chunks]
         self._check(rows)
         lengths = [len(c.codes) for c in chunks]
@@ -164,6 +169,27 @@ class CodecRunner:
             wav = run_step(self.pool, codes.to(self.device), meta.to(self.device))
         host = self._to_host(wav[: len(rows), : frames * self.samples_per_frame])
         return [host[i, : n * self.samples_per_frame].copy() for i, n in enumerate(lengths)]
+
+    def _prime(self, chunks: list[CodecChunk]) -> None:
+        """Prime each chunk's slot with its reference codes. The state priming leaves depends on those codes
+        alone, so it is kept per distinct reference (LRU) and copied into the next slot that the same reference
+        primes: a voice clone request then costs its priming (an eager pass over the reference) once per voice,
+        not once per request."""
+        fresh = []
+        for c in chunks:
+            key = hashlib.sha1(c.prime.astype(np.int64).tobytes()).hexdigest()
+            state = self._primed.get(key)
+            if state is None:
+                fresh.append((c, key))
+            else:
+                self._primed.move_to_end(key)
+                self.pool.restore(c.slot, state)
+        if fresh:
+            self.pool.prime([(c.slot, torch.from_numpy(c.prime)) for c, _ in fresh])
+        for c, key in fresh:
+            self._primed[key] = self.pool.snapshot(c.slot)
+            while len(self._primed) > self.primed_cache_size:
+                self._primed.popitem(last=False)
 
     def _to_host(self, wav: torch.Tensor) -> np.ndarray:
         """The call's waveforms on the host, as float32. On a GPU: one asynchronous copy into a pinned buffer and

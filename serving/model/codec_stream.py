@@ -157,8 +157,20 @@ class IncrementalCodecDecoder:
 
     @property
     def state_bytes_per_slot(self) -> int:
-        buffers = list(self.conv_state.values()) + [b for pair in self.kv_state.values() for b in pair]
-        return sum(b[0].numel() * b.element_size() for b in buffers) + self.history.element_size()
+        return sum(b[0].numel() * b.element_size() for b in self._buffers())
+
+    def _buffers(self) -> list[torch.Tensor]:
+        return (list(self.conv_state.values()) + [b for pair in self.kv_state.values() for b in pair]
+                + [self.history])
+
+    def snapshot(self, slot: int) -> list[torch.Tensor]:
+        """A copy of one slot's whole state (what a stream has decoded so far, as far as the future hears it)."""
+        return [b[slot].clone() for b in self._buffers()]
+
+    def restore(self, slot: int, state: list[torch.Tensor]) -> None:
+        """Put a snapshot's state into a slot: it then continues exactly as the snapshot's slot would have."""
+        for buffer, saved in zip(self._buffers(), state, strict=True):
+            buffer[slot].copy_(saved)
 
     @torch.inference_mode()
     def step(self, codes_btq: torch.Tensor, slots_b: torch.Tensor, new_frames_b: torch.Tensor,
