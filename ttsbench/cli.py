@@ -309,7 +309,7 @@ def serve(
     max_batch_size: int = typer.Option(32, min=1, help="Most requests decoded together (KV slots; fewer if --kv-cache-gb cannot hold them)."),
     max_queue: int = typer.Option(64, min=0, help="Requests that may wait for a slot; beyond it the server answers 503 with Retry-After."),
     kv_cache_gb: Optional[float] = typer.Option(None, min=0.001, help="Memory for the talker KV cache (default: 40% of free GPU memory, 2 GiB on CPU)."),
-    max_model_len: int = typer.Option(4096, min=16, help="Prompt + generated frames one request may reach (the length of a KV slot)."),
+    max_model_len: int = typer.Option(4096, min=16, help="Length of a KV slot: a request's prompt plus its generated frames, plus one spare position."),
     chunk_frames: int = typer.Option(25, min=1, help="Frames per streamed audio chunk after the first."),
     first_chunk_frames: int = typer.Option(2, min=1, help="Frames of the first chunk (small: first audio sooner); later chunks double up to --chunk-frames."),
     left_context_frames: int = typer.Option(72, min=0, help="Voice clone: last reference frames that prime the codec's state (chunks carry state; none is re-decoded)."),

@@ -53,7 +53,7 @@ class EngineConfig:
     max_batch_size: int = 32
     max_queue: int = 64
     kv_cache_gb: float | None = None  # None: 40% of free GPU memory, or 2 GiB on CPU
-    max_model_len: int = 4096  # prompt + generated frames per request (the KV slot's length)
+    max_model_len: int = 4096  # the KV slot's length: prompt + generated frames + 1 spare (see TalkerRunner._prefill_many)
     chunk_frames: int = 25
     first_chunk_frames: int = 2
     left_context_frames: int = 72  # voice clone: last reference frames that prime the codec's state (all: exact)
