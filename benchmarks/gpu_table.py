@@ -74,7 +74,9 @@ def main() -> None:
                   for path in summaries if (path.parent / "engine_phases.json").exists()]
         if phased:
             print("## Inside the server: mean ms per engine phase (benchmarks/engine_phases.py; count in brackets)\n")
-            names = ("accept", "queue", "prefill", "first_frames", "talker_step", "codec_wait", "codec_call", "deliver")
+            from serving.engine.engine import PHASES
+
+            names = tuple(PHASES)
             print("| run | " + " | ".join(names) + " |")
             print("|---" * (len(names) + 1) + "|")
             for label, phases in phased:

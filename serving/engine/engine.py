@@ -27,18 +27,20 @@ from serving.model.config import GenerationDefaults
 
 log = logging.getLogger("serving.engine")
 
-# Where a request's time goes inside the engine, each observed in seconds through Engine.observe (the server
-# exports them as the histogram ttsbench_engine_phase_seconds): first audio = queue + prefill + first_frames +
-# codec_wait + codec_call of its first chunk, plus the HTTP side.
+# Where a request's time goes, in the order a request meets them, each observed in seconds through
+# Engine.observe (the server exports them as the histogram ttsbench_engine_phase_seconds): first audio =
+# accept + queue + prefill + first_frames + codec_wait + codec_call + deliver of its first chunk, plus the
+# network and the HTTP parsing before the handler starts.
 PHASES = {
+    "accept": "(server) the request's handler starts -> submitted: body, parsing, reference audio (per request)",
     "queue": "request submitted -> admitted to a KV slot (per request)",
     "prefill": "the prefill of the requests admitted together: graphs or batched passes (per admission)",
-    "talker_step": "one decode step over the running batch, launch to codes on the host (per step)",
     "first_frames": "prefill done -> the frames of the first chunk generated (per request)",
+    "talker_step": "one decode step's codes on the host, timed from the later of its launch and the previous "
+                   "step's codes: the pace of frames, prefills run in between included (per step)",
     "codec_wait": "a chunk's frames all generated -> its codec call starts (per chunk)",
     "codec_call": "one batched codec call, codes in to waveforms on the host (per call)",
     "deliver": "a chunk's waveform ready -> its HTTP handler takes it (per chunk): the event loop's lag",
-    "accept": "(server) the request's handler starts -> submitted: body, parsing, reference audio (per request)",
 }
 
 
