@@ -66,36 +66,65 @@ def fill(runner, batch: int, text: str) -> None:
 
 
 def time_steps(runner, batch: int, steps: int) -> float:
+    """ms per frame as the engine paces them: each step is launched before the previous one's codes are
+    collected (a host poll between steps would add its sleep granularity, up to ~0.2 ms, to every frame)."""
     for _ in range(3):
         runner.decode_step(batch)
     if runner.graphs is not None and max(runner.lengths[:batch]) + steps > runner.kv_buckets[2]:
         print(f"warning: batch {batch} outgrows the captured KV buckets; late steps run eagerly", flush=True)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        runner.decode_step(batch)  # ends with the codes on the host: synchronised
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    t0 = time.perf_counter()
+    handle = runner.launch(batch)
+    for _ in range(steps - 1):
+        following = runner.launch(batch)
+        runner.collect(handle)
+        handle = following
+    runner.collect(handle)  # ends with the last codes on the host
+    return (time.perf_counter() - t0) / steps * 1e3
 
 
-def profile_step(runner, batch: int, path: str) -> None:
-    """Kernel time by kernel name for one eager step (graphs hide their kernels from the profiler)."""
+def profile_step(runner, label: str, batch: int, path: str) -> None:
+    """Kernel count and time by kernel name of steps run outside graphs (graphs hide their kernels from the
+    profiler); the kernels are the ones a graph replays, without the launch gaps between them."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for _ in range(3):
             runner._step(batch, max(runner.lengths[:batch]) + 1, True)
         torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    per_frame = len(kernels) / 3, sum(e.device_time for e in kernels) / 3 / 1e3
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
     with open(path, "a") as f:
-        f.write(f"\n=== batch {batch}: 3 eager steps ===\n{table}\n")
+        f.write(f"\n=== {label}, batch {batch}: 3 steps outside graphs; per frame {per_frame[0]:.0f} kernels, "
+                f"{per_frame[1]:.2f} ms of kernel time ===\n{table}\n")
+    print(f"profile {label} batch {batch}: {per_frame[0]:.0f} kernels, {per_frame[1]:.2f} ms kernel time per frame",
+          flush=True)
+
+
+def configure(runner, variant: str) -> None:
+    """Set up the runner for a variant: compiled layers, and the experiments' changes to the default path."""
+    from serving.engine.talker_stage import _torch_candidates, candidate_sampler
+
+    if variant.startswith("compile") and not runner.compile_layers:
+        runner._compile()
+        runner.compile_layers = True
+    runner._sample_candidates = candidate_sampler(runner.device)
+    if variant == "compile-torch-sampler":  # the torch candidate sampler compiled (before the Triton kernel)
+        runner._sample_candidates = torch.compile(_torch_candidates, dynamic=True)
+    if variant == "compile-cdt":  # gpt-fast's recipe: batch-1 matmuls become fused, tuned Triton reductions
+        import torch._inductor.config as inductor_config
+
+        inductor_config.coordinate_descent_tuning = True
+        torch._dynamo.reset()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--batches", default="1,8,32,64,128")
-    ap.add_argument("--variants", default="eager,graph,compile")
+    ap.add_argument("--variants", default="eager,graph,compile",
+                    help="eager, graph, compile (compiled layers + graph); experiments on top of compile: "
+                         "compile-torch-sampler, compile-cdt (see configure)")
     ap.add_argument("--context", type=int, default=120, help="prompt positions per row before timing")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--max-model-len", type=int, default=1024)
@@ -120,10 +149,8 @@ def main() -> None:
     rows, results = [], {}
     for variant in args.variants.split(","):
         t0 = time.perf_counter()
-        if variant == "compile" and not runner.compile_layers:
-            runner._compile()
-            runner.compile_layers = True
-        if variant in ("graph", "compile"):
+        configure(runner, variant)
+        if variant != "eager":
             runner.graphs = FrameGraphs(lambda b, kv: runner._step(b, kv, True), device)
             runner.graph_buckets = tuple(batches)
             fill(runner, 0, text)
@@ -144,10 +171,10 @@ def main() -> None:
                          "frames_per_s": round(b / ms * 1e3, 1), "x_realtime_per_stream": round(1e3 / ms / 12.5, 2),
                          "setup_s": round(setup, 1)})
             print(json.dumps(rows[-1]), flush=True)
-        if args.profile and variant in ("eager", "compile"):
+        if args.profile and variant != "graph":
             for b in (batches[0], batches[-1]):
                 fill(runner, b, text)
-                profile_step(runner, b, args.profile)
+                profile_step(runner, variant, b, args.profile)
     print("\nvariant  batch  ms/frame  floor_ms  x_floor  frames/s  x_realtime/stream")
     for r in rows:
         print(f"{r['variant']:8s} {r['batch']:5d} {r['ms_per_frame']:9.2f} {r['floor_ms']:9.2f} {r['x_floor']:8.1f} "

@@ -71,13 +71,13 @@ EOF
   decode)
     say decode
     python3 benchmarks/decode_bench.py --model "$(checkpoint custom_voice)" --json "$OUT/decode.json" \
-      --profile "$OUT/profile.txt" ${DECODE_ARGS:-} 2>&1 | grep -v "^W[0-9]" | tee "$OUT/decode.log"
+      --profile "$OUT/profile.txt" ${DECODE_ARGS:-} 2>&1 | grep --line-buffered -v "^W[0-9]" | tee "$OUT/decode.log"
     ;;
   codec)
     for dt in ${CODEC_DTYPES:-float32 bfloat16}; do
       say "codec graphs ($dt)"
       python3 benchmarks/codec_graph_bench.py --device cuda --dtype "$dt" --json "$OUT/codec-graphs-$dt.json" \
-        ${CODEC_ARGS:-} 2>&1 | grep -v "^W[0-9]" | tee "$OUT/codec-graphs-$dt.md"
+        ${CODEC_ARGS:-} 2>&1 | grep --line-buffered -v "^W[0-9]" | tee "$OUT/codec-graphs-$dt.md"
     done
     ;;
   serve)

@@ -52,6 +52,22 @@ class StepHandle:
     buffer: _HostBuffer | None = None
 
 
+def candidate_sampler(device: torch.device):
+    """The candidate sampler for a device: one fused Triton kernel per draw on CUDA (triton_sampling), the torch
+    version elsewhere (and where Triton is missing)."""
+    if device.type == "cuda":
+        try:
+            from serving.engine import triton_sampling
+        except ImportError:
+            return _torch_candidates
+        return triton_sampling.sample_top_candidates
+    return _torch_candidates
+
+
+def _torch_candidates(logits, params, seed, frame, group):
+    return sample_top_candidates(logits.float(), params, seed, frame, group)
+
+
 def _rows(params: SamplingParams, n: int) -> SamplingParams:
     return SamplingParams(params.do_sample[:n], params.temperature[:n], params.top_k[:n], params.top_p[:n])
 
@@ -97,6 +113,7 @@ class TalkerRunner:
         self.length_policy = length_policy
         frame_limit(length_policy, "", 1)  # an unknown policy fails at start-up
         self.candidate_ok = [True] * s  # host mirror: slot's sampling fits topk_sampling (empty slots do)
+        self._sample_candidates = candidate_sampler(device)
         self.kv_buckets = make_kv_buckets(max_model_len)
         if cuda_graphs and device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
@@ -119,8 +136,8 @@ class TalkerRunner:
         self._voice_cache_size = voice_cache_size
 
     def _compile(self) -> None:
-        """torch.compile every decoder layer in place (names unchanged) and the candidate sampler: fused
-        elementwise kernels (norms, RoPE, SwiGLU, sampling) before graph capture, which keeps kernels, not gaps.
+        """torch.compile every decoder layer in place (names unchanged): fused elementwise kernels (norms, RoPE,
+        SwiGLU) before graph capture, which keeps kernels, not gaps.
         Layers compile with dynamic shapes; warmup() traces the prefill shapes once (one request, and several of
         different lengths), so prompts of any length and count run compiled without recompiling mid-serving."""
         import torch._dynamo
@@ -128,9 +145,6 @@ class TalkerRunner:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         for layer in list(self.talker.model.layers) + list(self.talker.code_predictor.model.layers):
             layer.compile(dynamic=True)
-        self._sample_candidates = torch.compile(sample_top_candidates, dynamic=True)
-
-    _sample_candidates = staticmethod(sample_top_candidates)
 
     def _on_stream(self):
         """Work on the talker's stream. Everything the talker reads is made on it (prompts included) or
@@ -352,10 +366,11 @@ class TalkerRunner:
         return self._step(bucket, kv_len, candidates)
 
     def _draw(self, logits: torch.Tensor, params: SamplingParams, b: int, group: int, candidates: bool) -> torch.Tensor:
+        """logits [b, V] in the model's dtype or float32 (the samplers compute in float32)."""
         seed, frame = self.seed[:b], self.generated[:b]
         if candidates:
             return self._sample_candidates(logits, _rows(params, b), seed, frame, group)
-        return sample(logits, _rows(params, b), noise=exponential_noise(seed, frame, group, logits.shape[-1]))
+        return sample(logits.float(), _rows(params, b), noise=exponential_noise(seed, frame, group, logits.shape[-1]))
 
     def _step(self, b: int, kv_len: int, candidates: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """The fixed-shape frame: sample code 0, run the code predictor, feed the frame back to the talker.
@@ -396,7 +411,7 @@ class TalkerRunner:
         out = cp.model(x, positions, cache, positions, kv_len=2, mask=None)
         codes = []
         for j in range(1, self.num_groups):
-            logits = cp.lm_head[j - 1](out[:, -1]).float()
+            logits = cp.lm_head[j - 1](out[:, -1])
             code = self._draw(logits, self.cp_params, b, j, candidates)
             codes.append(code)
             if j == self.num_groups - 1:

@@ -1,0 +1,62 @@
+"""Time of one draw of the candidate sampler on a GPU: the torch version compiled (topk) vs the fused Triton kernel
+at several warp counts, 16 draws captured in a CUDA graph (as in a frame), by batch and vocabulary.
+
+    python benchmarks/sampler_bench.py [--batches 1,32,128] [--warps 4,8,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from serving.engine import triton_sampling
+from serving.engine.talker_stage import _torch_candidates
+from serving.model.sampler import SamplingParams
+
+DRAWS = 16
+
+
+def time_draw(fn, logits, params, seed, frame) -> float:
+    """Microseconds per draw: a graph of DRAWS draws replayed 50 times."""
+    for _ in range(3):
+        fn(logits, params, seed, frame, 1)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for g in range(DRAWS):
+            fn(logits, params, seed, frame, g)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(50):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / 50 / DRAWS
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batches", default="1,32,128")
+    ap.add_argument("--warps", default="4,8,16")
+    args = ap.parse_args()
+    compiled = torch.compile(_torch_candidates, dynamic=True)
+    print(f"device {torch.cuda.get_device_name()}; torch {torch.__version__}; us per draw (graph of {DRAWS})")
+    warps = [int(w) for w in args.warps.split(",")]
+    print("| vocab, dtype | batch | torch compiled | " + " | ".join(f"triton, {w} warps" for w in warps) + " |")
+    print("|---" * (3 + len(warps)) + "|")
+    for vocab, dtype in ((2048, torch.bfloat16), (3072, torch.float32)):
+        for b in (int(x) for x in args.batches.split(",")):
+            logits = (torch.randn(b, vocab, device="cuda") * 3).to(dtype)
+            params = SamplingParams.build(b, "cuda", True, 0.9, 50, 1.0)
+            seed, frame = torch.arange(b, device="cuda"), torch.zeros(b, dtype=torch.int64, device="cuda")
+            cells = [time_draw(compiled, logits, params, seed, frame)]
+            for w in warps:
+                triton_sampling.NUM_WARPS = w
+                cells.append(time_draw(triton_sampling.sample_top_candidates, logits, params, seed, frame))
+            print(f"| {vocab}, {str(dtype).removeprefix('torch.')} | {b} | " + " | ".join(f"{c:.1f}" for c in cells) + " |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""topk_sampling.sample_top_candidates as ONE Triton kernel per draw, for CUDA.
+
+A frame draws 16 times. The torch version costs a top-k selection (~23 us on an H100, more than a decoder layer's
+matmuls at batch 1) plus a dozen small kernels per draw, ~0.4-0.5 ms of a ~6 ms frame
+(docs/performance.md). Here one program per row reads the row's logits once (bf16 or fp32, no conversion
+kernel before it) and does everything in registers: the k-th largest score by a radix select over the scores'
+order-preserving bits (32 counting passes, no sort), the softmax over the kept scores, the per-request noise
+(the same hash as rng.exponential_noise_at, so the draws equal the torch path's), and the exponential race.
+The tokens equal those of the general sampler (serving.model.sampler.sample on the same noise) and so of
+sample_top_candidates, with one difference from the latter: where more than CANDIDATES scores tie at the k-th
+score, all of them stay, as in transformers' top-k (the torch candidate sampler keeps only its CANDIDATES).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from serving.engine.topk_sampling import CANDIDATES
+from serving.model.sampler import SamplingParams
+
+
+@triton.jit
+def _mix32(x):
+    """rng._mix32 on int64 lanes (uint32 values; every product stays below 2**63)."""
+    x = x & 0xFFFFFFFF
+    x = x ^ (x >> 16)
+    x = ((x & 0xFFFF) * 0x7FEB352D + (((x >> 16) * 0x7FEB352D) & 0xFFFF) * 65536) & 0xFFFFFFFF
+    x = x ^ (x >> 15)
+    x = ((x & 0xFFFF) * 0x846CA68B + (((x >> 16) * 0x846CA68B) & 0xFFFF) * 65536) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _sample_kernel(logits_ptr, row_stride, do_sample_ptr, temperature_ptr, top_k_ptr, seed_ptr, frame_ptr, out_ptr,
+                   group, vocab, max_k, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    ids = tl.arange(0, BLOCK)
+    valid = ids < vocab
+    x = tl.load(logits_ptr + row * row_stride + ids, mask=valid, other=float("-inf")).to(tl.float32)
+    greedy = tl.argmax(x, 0)
+    do_sample = tl.load(do_sample_ptr + row) != 0
+    temperature = tl.where(do_sample, tl.load(temperature_ptr + row), 1.0)
+    scores = x / temperature
+    k = tl.minimum(tl.maximum(tl.load(top_k_ptr + row), 1), max_k)
+    # order-preserving unsigned keys of the scores; padding gets 0, below every real score
+    bits = scores.to(tl.uint32, bitcast=True)
+    negative = (bits >> 31) != 0
+    keys = tl.where(negative, bits ^ tl.full((), 0xFFFFFFFF, tl.uint32), bits | tl.full((), 0x80000000, tl.uint32))
+    keys = tl.where(valid, keys, tl.zeros((), tl.uint32))
+    # radix select: the largest key T with at least k keys >= T is the k-th largest score's key
+    kth = tl.zeros((), dtype=tl.uint32)
+    for i in range(32):
+        candidate = kth | (tl.full((), 1, tl.uint32) << (31 - i))
+        kth = tl.where(tl.sum((keys >= candidate).to(tl.int32), 0) >= k, candidate, kth)
+    kept = valid & (keys >= kth)
+    top = tl.max(tl.where(kept, scores, float("-inf")), 0)
+    weights = tl.where(kept, tl.exp(scores - top), 0.0)
+    probs = weights / tl.sum(weights, 0)
+    # Exp(1) noise of (seed, frame, group, id): rng.exponential_noise_at
+    seed = tl.load(seed_ptr + row)
+    frame = tl.load(frame_ptr + row)
+    h = _mix32(seed & 0xFFFFFFFF) ^ _mix32((seed >> 32) + 0x9E3779B9)
+    h = _mix32(h ^ _mix32(frame * 64 + group))
+    draw = _mix32(h ^ _mix32(ids.to(tl.int64) + 0x632BE5AB))
+    uniform = ((draw >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    race = tl.where(kept, probs / -tl.log(uniform), -1.0)
+    sampled = tl.argmax(race, 0)
+    tl.store(out_ptr + row, tl.where(do_sample, sampled, greedy).to(tl.int64))
+
+
+NUM_WARPS = 8  # per program (one row): the best of 4, 8 and 16 on an H100 (benchmarks/sampler_bench.py)
+
+
+def sample_top_candidates(logits: torch.Tensor, params: SamplingParams, seed: torch.Tensor, frame: torch.Tensor,
+                          group: int) -> torch.Tensor:
+    """topk_sampling.sample_top_candidates (same arguments, same tokens); logits [B, V] in any float dtype."""
+    batch, vocab = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    out = torch.empty(batch, dtype=torch.int64, device=logits.device)
+    block = triton.next_power_of_2(vocab)
+    _sample_kernel[(batch,)](logits, logits.stride(0), params.do_sample, params.temperature, params.top_k, seed,
+                             frame, out, group, vocab, min(CANDIDATES, vocab), BLOCK=block,
+                             num_warps=NUM_WARPS)
+    return out
