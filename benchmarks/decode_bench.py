@@ -101,6 +101,9 @@ def profile_step(runner, label: str, batch: int, path: str) -> None:
           flush=True)
 
 
+_EDGES: dict = {}  # the compiled pieces around the layers (TalkerRunner._compile), kept to switch them back on
+
+
 def configure(runner, variant: str) -> None:
     """Set up the runner for a variant: compiled layers, and the experiments' changes to the default path."""
     from serving.engine.talker_stage import _torch_candidates, candidate_sampler
@@ -108,6 +111,18 @@ def configure(runner, variant: str) -> None:
     if variant.startswith("compile") and not runner.compile_layers:
         runner._compile()
         runner.compile_layers = True
+        stacks = (runner.talker.model, runner.talker.code_predictor.model)
+        _EDGES["methods"] = {name: runner.__dict__[name] for name in ("_code0_logits", "_next_input")}
+        _EDGES["modules"] = {m: m._compiled_call_impl for st in stacks for m in (st.norm, st.rotary)}
+    if _EDGES:  # compile-layers: only the decoder layers compiled (before the rest of the frame was)
+        layers_only = variant == "compile-layers"
+        for name, method in _EDGES["methods"].items():
+            if layers_only:
+                runner.__dict__.pop(name, None)
+            else:
+                setattr(runner, name, method)
+        for module, impl in _EDGES["modules"].items():
+            module._compiled_call_impl = None if layers_only else impl
     runner._sample_candidates = candidate_sampler(runner.device)
     if variant == "compile-torch-sampler":  # the torch candidate sampler compiled (before the Triton kernel)
         runner._sample_candidates = torch.compile(_torch_candidates, dynamic=True)
@@ -124,7 +139,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32,64,128")
     ap.add_argument("--variants", default="eager,graph,compile",
                     help="eager, graph, compile (compiled layers + graph); experiments on top of compile: "
-                         "compile-torch-sampler, compile-cdt (see configure)")
+                         "compile-layers, compile-torch-sampler, compile-cdt (see configure)")
     ap.add_argument("--context", type=int, default=120, help="prompt positions per row before timing")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--max-model-len", type=int, default=1024)

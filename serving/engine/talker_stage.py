@@ -93,6 +93,8 @@ class TalkerRunner:
         self.eos_id = cfg.codec_eos_token_id
         self.kv = KVCache.for_stack(tc, num_slots, max_model_len, dtype, device)
         self.cp_kv = self.talker.code_predictor.new_cache(num_slots, dtype, device)
+        # [G + 1, slots, 1]: position j of every slot, for the code predictor's passes (no fill kernel per pass)
+        self.cp_positions = torch.arange(self.num_groups + 1, device=device)[:, None, None].repeat(1, num_slots, 1)
         s, h = num_slots, tc.hidden_size
         zeros = lambda *shape, dt=torch.float32: torch.zeros(shape, dtype=dt, device=device)  # noqa: E731
         self.hidden = zeros(s, h, dt=dtype)  # post-norm talker hidden of each slot's last position
@@ -136,15 +138,20 @@ class TalkerRunner:
         self._voice_cache_size = voice_cache_size
 
     def _compile(self) -> None:
-        """torch.compile every decoder layer in place (names unchanged): fused elementwise kernels (norms, RoPE,
-        SwiGLU) before graph capture, which keeps kernels, not gaps.
-        Layers compile with dynamic shapes; warmup() traces the prefill shapes once (one request, and several of
-        different lengths), so prompts of any length and count run compiled without recompiling mid-serving."""
+        """torch.compile every decoder layer in place (names unchanged), and the pieces of a frame around them:
+        each stack's rotary lookup and final norm, the code-0 logits with their penalties, and the next talker
+        input with its mask. Fused elementwise kernels before graph capture keep kernels, not gaps: eager, those
+        pieces were ~12 kernels per stack call and ~40 per frame more.
+        Everything compiles with dynamic shapes; warmup() traces the prefill shapes once (one request, and
+        several of different lengths), so prompts of any length and count run compiled without recompiling."""
         import torch._dynamo
 
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        for layer in list(self.talker.model.layers) + list(self.talker.code_predictor.model.layers):
-            layer.compile(dynamic=True)
+        for stack in (self.talker.model, self.talker.code_predictor.model):
+            for module in (*stack.layers, stack.norm, stack.rotary):
+                module.compile(dynamic=True)
+        self._code0_logits = torch.compile(self._code0_logits, dynamic=True)
+        self._next_input = torch.compile(self._next_input, dynamic=True)
 
     def _on_stream(self):
         """Work on the talker's stream. Everything the talker reads is made on it (prompts included) or
@@ -376,30 +383,40 @@ class TalkerRunner:
         """The fixed-shape frame: sample code 0, run the code predictor, feed the frame back to the talker.
         Attends over cache positions [0, kv_len) with a mask, so any kv_len >= the longest row's gives the
         same frame (graphs use a KV bucket). `candidates`: every row's sampling fits topk_sampling."""
-        talker = self.talker
         hidden = self.hidden[:b]
-        frame = self.generated[:b]
-        logits = talker.codec_logits(hidden)
-        logits = penalize_repeats(logits, self.seen[:b], self.rep_penalty[:b])
-        logits = mask_code0(logits, frame, self.eos_id, self.suppress)
-        code0 = self._draw(logits, self.talker_params, b, 0, candidates)
+        code0 = self._draw(self._code0_logits(b), self.talker_params, b, 0, candidates)
         rest = self._code_predictor(hidden, code0, b, candidates)
         codes = torch.cat([code0[:, None], rest], dim=1)
         self.seen[:b].scatter_(1, code0[:, None], True)
         self.generated[:b] += 1
-        # next input: the frame's summed embeddings plus the next trailing text token (else tts_pad)
-        text_idx = (frame).clamp(max=self.trailing.shape[1] - 1)
-        rows = torch.arange(b, device=self.device)
-        text = torch.where((frame < self.trailing_len[:b])[:, None], self.trailing[rows, text_idx],
-                           self.pad_embed[None, :])
-        x = (talker.embed_frame(codes) + text)[:, None]
+        x, mask = self._next_input(codes, b, kv_len)
         pos = self.pos[:b, None]
-        key_valid = torch.arange(kv_len, device=self.device)[None, :] <= pos
         view = CacheView(self.kv.k[:, :b], self.kv.v[:, :b])
-        out = talker.model(x, pos, view, pos, kv_len=kv_len, mask=attention_mask(pos, key_valid))
+        out = self.talker.model(x, pos, view, pos, kv_len=kv_len, mask=mask)
         self.hidden[:b] = out[:, 0]
         self.pos[:b] += self.active[:b]
         return codes, code0 == self.eos_id
+
+    def _code0_logits(self, b: int) -> torch.Tensor:
+        """Code-0 logits [b, V] (float32) of the slots' last hidden states, with the repetition penalty, the eos
+        ban of the first frames and the suppressed ids applied."""
+        frame = self.generated[:b]
+        logits = self.talker.codec_logits(self.hidden[:b])
+        logits = penalize_repeats(logits, self.seen[:b], self.rep_penalty[:b])
+        return mask_code0(logits, frame, self.eos_id, self.suppress)
+
+    def _next_input(self, codes: torch.Tensor, b: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The talker's next input [b, 1, H] (the frame's summed embeddings plus each row's next trailing text
+        token, else tts_pad; `generated` already counts this frame) and its attention mask over kv_len keys."""
+        frames = self.generated[:b]
+        text_idx = frames.clamp(max=self.trailing.shape[1] - 1)
+        rows = torch.arange(b, device=self.device)
+        text = torch.where((frames < self.trailing_len[:b])[:, None], self.trailing[rows, text_idx],
+                           self.pad_embed[None, :])
+        x = (self.talker.embed_frame(codes) + text)[:, None]
+        pos = self.pos[:b, None]
+        key_valid = torch.arange(kv_len, device=self.device)[None, :] <= pos
+        return x, attention_mask(pos, key_valid)
 
     def _code_predictor(self, hidden: torch.Tensor, code0: torch.Tensor, b: int, candidates: bool) -> torch.Tensor:
         """Codes 1..G-1 [b, G-1]: CodePredictor.forward's passes, drawing each code with the step's sampler."""
@@ -417,7 +434,7 @@ class TalkerRunner:
             if j == self.num_groups - 1:
                 break
             x = project(cp.model.codec_embedding[j - 1](code)[:, None])
-            pos = torch.full((b, 1), j + 1, dtype=torch.int64, device=self.device)
+            pos = self.cp_positions[j + 1, :b]
             out = cp.model(x, pos, cache, pos, kv_len=j + 2, mask=None)
         return torch.stack(codes, dim=1)
 
