@@ -111,9 +111,9 @@ def configure(runner, variant: str) -> None:
     if variant.startswith("compile") and not runner.compile_layers:
         runner._compile()
         runner.compile_layers = True
-        stacks = (runner.talker.model, runner.talker.code_predictor.model)
+        cp = runner.talker.code_predictor.model
         _EDGES["methods"] = {name: runner.__dict__[name] for name in ("_code0_logits", "_next_input")}
-        _EDGES["modules"] = {m: m._compiled_call_impl for st in stacks for m in (st.norm, st.rotary)}
+        _EDGES["modules"] = {m: m._compiled_call_impl for m in (cp.norm, cp.rotary)}
     if _EDGES:  # compile-layers: only the decoder layers compiled (before the rest of the frame was)
         layers_only = variant == "compile-layers"
         for name, method in _EDGES["methods"].items():

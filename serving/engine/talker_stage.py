@@ -139,17 +139,19 @@ class TalkerRunner:
 
     def _compile(self) -> None:
         """torch.compile every decoder layer in place (names unchanged), and the pieces of a frame around them:
-        each stack's rotary lookup and final norm, the code-0 logits with their penalties, and the next talker
-        input with its mask. Fused elementwise kernels before graph capture keep kernels, not gaps: eager, those
-        pieces were ~12 kernels per stack call and ~40 per frame more.
+        the code predictor's rotary lookup and final norm (15 stack calls per frame), the code-0 logits with
+        their penalties, and the next talker input with its mask. Fused elementwise kernels before graph capture
+        keep kernels, not gaps: eager, those pieces were ~12 kernels per stack call and ~40 per frame more. The
+        talker stack's own rotary and norm stay eager: they run once per frame, and prefill runs them too, which
+        keeps the prefill path as it was measured (docs/performance.md: its run-to-run spread is large).
         Everything compiles with dynamic shapes; warmup() traces the prefill shapes once (one request, and
         several of different lengths), so prompts of any length and count run compiled without recompiling."""
         import torch._dynamo
 
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        for stack in (self.talker.model, self.talker.code_predictor.model):
-            for module in (*stack.layers, stack.norm, stack.rotary):
-                module.compile(dynamic=True)
+        cp = self.talker.code_predictor.model
+        for module in (*self.talker.model.layers, *cp.layers, cp.norm, cp.rotary):
+            module.compile(dynamic=True)
         self._code0_logits = torch.compile(self._code0_logits, dynamic=True)
         self._next_input = torch.compile(self._next_input, dynamic=True)
 
