@@ -175,11 +175,12 @@ class Qwen3TTS:
         return wav
 
     @torch.inference_mode()
-    def stream(self, text: str, *, first_chunk_frames: int = 4, chunk_frames: int = 25,
+    def stream(self, text: str, *, first_chunk_frames: int = 2, chunk_frames: int = 25,
                **kwargs) -> Iterator[np.ndarray]:
         """Yield waveform chunks as frames are produced: the first after first_chunk_frames frames, then chunks
-        doubling up to chunk_frames (codec_stream.next_chunk_frames, as the server). An incremental decoder carries the codec's state from chunk to chunk (ICL: the reference
-        codes prime it), so the chunks concatenated equal the one-shot decode."""
+        doubling up to chunk_frames (codec_stream.next_chunk_frames; the defaults are the server's). An
+        incremental decoder carries the codec's state from chunk to chunk (ICL: the reference codes prime it),
+        so the chunks concatenated equal the one-shot decode."""
         if min(first_chunk_frames, chunk_frames) < 1:
             raise ValueError("chunk sizes must be >= 1")
         voice = kwargs.get("voice")
