@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from graph_timing import us_per_call
 
 SHAPES = {"qkv": (1024, 4096), "o": (2048, 1024), "gate_up": (1024, 6144), "down": (3072, 1024),
           "cp_head": (1024, 2048), "codec_head": (1024, 3072)}  # (K, N) of the 0.6B talker / code predictor
@@ -47,23 +48,6 @@ def skinny(x, w, block_n, block_k, warps, stages):
     return y
 
 
-def time_us(fn) -> float:
-    for _ in range(3):
-        fn()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(20):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(20):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / 400
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="1,8,32,128")
@@ -78,7 +62,7 @@ def main() -> None:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
             ref = F.linear(x, w)
             nbytes = w.numel() * 2 + x.numel() * 2 + ref.numel() * 2
-            cublas = time_us(lambda: F.linear(x, w))
+            cublas = us_per_call(lambda _: F.linear(x, w), 20, replays=20)
             best = (float("inf"), None)
             for cfg in configs:
                 try:
@@ -88,7 +72,7 @@ def main() -> None:
                 if not torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=2e-2):
                     print(f"wrong result for {name} {m} {cfg}: skipped", flush=True)
                     continue
-                best = min(best, (time_us(lambda: skinny(x, w, *cfg)), cfg))
+                best = min(best, (us_per_call(lambda _: skinny(x, w, *cfg), 20, replays=20), cfg))
             print(f"| {name} ({k} x {n}) | {m} | {cublas:.2f} | {nbytes / cublas / 1e6:.2f} | {best[0]:.2f} | "
                   f"{nbytes / best[0] / 1e6:.2f} | {best[1]} |", flush=True)
 

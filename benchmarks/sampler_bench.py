@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+from graph_timing import us_per_call
 
 from serving.engine import triton_sampling
 from serving.engine.talker_stage import _torch_candidates
@@ -18,21 +19,8 @@ DRAWS = 16
 
 
 def time_draw(fn, logits, params, seed, frame) -> float:
-    """Microseconds per draw: a graph of DRAWS draws replayed 50 times."""
-    for _ in range(3):
-        fn(logits, params, seed, frame, 1)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for g in range(DRAWS):
-            fn(logits, params, seed, frame, g)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(50):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / 50 / DRAWS
+    """Microseconds per draw, the DRAWS draws of a frame (groups 0..15) in one graph."""
+    return us_per_call(lambda group: fn(logits, params, seed, frame, group), DRAWS)
 
 
 def main() -> None:

@@ -13,7 +13,6 @@ import json
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from serving.api.metrics import ServerMetrics
 from serving.api.protocol import Capabilities, SpeechRequest, parse_speaker_embedding, parse_speech_request
 from serving.api.voices import VoiceError, VoiceStore
 from serving.engine.engine import RequestFailed
+from serving.engine.lru import LRU
 from serving.engine.scheduler import QueueFullError
 
 log = logging.getLogger("serving.api")
@@ -51,7 +51,7 @@ class SpeechServer:
         self.started_at = time.time()
         self._startup_error: str | None = None
         self._start_task: asyncio.Task | None = None
-        self._clips: OrderedDict[str, np.ndarray] = OrderedDict()  # decoded inline clips (_inline_clip), LRU
+        self._clips = LRU(INLINE_CLIP_CACHE)  # decoded inline clips by the file's hash (_inline_clip)
 
     # --- app ----------------------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
@@ -406,11 +406,7 @@ class SpeechServer:
         clip = self._clips.get(key)
         if clip is None:
             clip = await asyncio.get_running_loop().run_in_executor(None, self._decode_clip, data, "ref_audio")
-            self._clips[key] = clip
-            while len(self._clips) > INLINE_CLIP_CACHE:
-                self._clips.popitem(last=False)
-        else:
-            self._clips.move_to_end(key)
+            self._clips.put(key, clip)
         return clip, key
 
     @staticmethod

@@ -18,7 +18,6 @@ On a GPU each call replays a CUDA graph of the step for the smallest (batch, fra
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +25,7 @@ import torch
 
 from serving.engine.codec_graphs import CodecGraphReport, CodecGraphs, pad_rows, run_step
 from serving.engine.cuda_graphs import wait_sleeping
+from serving.engine.lru import LRU
 from serving.model.codec_decoder import SnakeBeta
 from serving.model.codec_stream import IncrementalCodecDecoder, next_chunk_frames
 
@@ -116,8 +116,7 @@ class CodecRunner:
         self.compiled_activations = compile_activations and compile_snakes(decoder)
         self._host: torch.Tensor | None = None  # pinned landing buffer of the waveforms (GPU only, see _to_host)
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
-        self.primed_cache_size = primed_cache_size
-        self._primed: OrderedDict[str, list[torch.Tensor]] = OrderedDict()
+        self._primed = LRU(primed_cache_size)  # reference codes' hash -> the state priming leaves
 
     @property
     def num_slots(self) -> int:
@@ -182,14 +181,11 @@ class CodecRunner:
             if state is None:
                 fresh.append((c, key))
             else:
-                self._primed.move_to_end(key)
                 self.pool.restore(c.slot, state)
         if fresh:
             self.pool.prime([(c.slot, torch.from_numpy(c.prime)) for c, _ in fresh])
         for c, key in fresh:
-            self._primed[key] = self.pool.snapshot(c.slot)
-            while len(self._primed) > self.primed_cache_size:
-                self._primed.popitem(last=False)
+            self._primed.put(key, self.pool.snapshot(c.slot))
 
     def _to_host(self, wav: torch.Tensor) -> np.ndarray:
         """The call's waveforms on the host, as float32. On a GPU: one asynchronous copy into a pinned buffer and

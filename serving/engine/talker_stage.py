@@ -12,7 +12,6 @@ of arrivals stalls the running streams for one batched pass instead of one pass 
 from __future__ import annotations
 
 import contextlib
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +20,7 @@ import torch
 from serving.engine.cuda_graphs import (CacheView, FrameGraphs, PrefillGraphs, make_graph_buckets, make_kv_buckets,
                                        sleep_until, smallest_cover, wait_sleeping)
 from serving.engine.length_policy import frame_limit
+from serving.engine.lru import LRU
 from serving.engine.request import GenerationRequest
 from serving.engine.rng import exponential_noise
 from serving.engine.topk_sampling import eligible, sample_top_candidates
@@ -134,8 +134,7 @@ class TalkerRunner:
         self.prefill_graphs = PrefillGraphs(self.talker.model, self.kv, prefill_lengths, device, dtype) if cuda_graphs else None
         self.pad_embed = self.prompts.tts_pad_embed().to(device=device, dtype=dtype)  # [H]
         self.lengths = [0] * s  # host mirror of self.pos: how far each slot's keys reach, without a sync
-        self._voice_cache: OrderedDict[str, tuple] = OrderedDict()
-        self._voice_cache_size = voice_cache_size
+        self._voice_cache = LRU(voice_cache_size)
 
     def _compile(self) -> None:
         """torch.compile every decoder layer in place (names unchanged), and the pieces of a frame around them:
@@ -292,13 +291,10 @@ class TalkerRunner:
         """Speaker embedding and reference codes of uploaded voices are computed once per voice."""
         if key is None:
             return compute()
-        if key in self._voice_cache:
-            self._voice_cache.move_to_end(key)
-            return self._voice_cache[key]
-        value = compute()
-        self._voice_cache[key] = value
-        if len(self._voice_cache) > self._voice_cache_size:
-            self._voice_cache.popitem(last=False)
+        value = self._voice_cache.get(key)
+        if value is None:
+            value = compute()
+            self._voice_cache.put(key, value)
         return value
 
     def release(self, slot: int) -> None:
