@@ -34,6 +34,7 @@ def test_ci_gate_on_the_cpu_reference_server(tmp_path):
     command = list(source["command"])
     assert command[:2] == ["ttsbench", "run"] and "--url" not in command    # the embedded server
     assert source["embedded_server"]["model"].startswith("tiny-random")
+    assert source["embedded_server"]["engine"]["ignore_eos"]     # lengths exact: the total_audio_s rule holds
     command[command.index("--out") + 1] = str(tmp_path / "run")
 
     run = ttsbench(*command[1:], timeout=1200)
