@@ -98,7 +98,7 @@ EOF
       curl -s localhost:8091/health; echo
       for set_ in $SETS; do
         for c in ${LEVELS//,/ }; do
-          if [ "$set_" = long ]; then n=$(( c < 4 ? 2 : c )); else n=$(( c < 4 ? 4 : 2 * c )); fi
+          n=$(( c < 2 ? 4 : 4 * c ))  # 4 per stream: a full-load span long enough to be the steady state
           curl -s localhost:8091/metrics > "$WORK/metrics-before.txt"
           ttsbench run --url http://127.0.0.1:8091 --task $task --set $set_ --concurrency $c --num-requests $n \
             --max-new-tokens 900 --warmup 1 --no-save-audio --timeout 240 --out "$WORK/runs/$task-$set_-c$c" \

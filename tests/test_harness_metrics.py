@@ -83,3 +83,26 @@ def test_summarize_keeps_levels_apart_and_in_order():
 def test_summarize_all_failed_gives_null_statistics():
     (row,) = metrics.summarize([_record(0, ok=False, error="connect", ttfab=None)], metrics.SLO())
     assert row["completed"] == 0 and row["ttfab_ms_p99"] is None and row["goodput"] == 0.0
+
+
+def test_full_load_throughput_counts_only_the_span_with_every_session_busy():
+    """Closed loop at c=2: the span runs from the 2nd start (0.0) to the last start (2.0); audio counts by chunk
+    arrival inside it, each chunk its share of the request's audio by bytes."""
+    def rec(i, t0, e2e, chunks, audio):
+        r = _record(i, t0=t0, e2e=e2e * 1000, level="c2", audio=audio)
+        r["chunks"] = chunks
+        return r
+
+    records = [rec(0, 0.0, 1.0, [[100, 100], [900, 100]], 2.0), rec(1, 0.0, 2.0, [[100, 100], [1900, 100]], 2.0),
+               rec(2, 1.0, 1.0, [[100, 100], [900, 100]], 2.0), rec(3, 2.0, 1.0, [[100, 50], [900, 150]], 4.0),
+               rec(4, 2.0, 0.5, [[500, 100]], 1.0)]
+    (row,) = metrics.summarize(records, metrics.SLO())
+    assert row["full_load_s"] == pytest.approx(2.0)
+    assert row["full_load_audio_throughput"] == pytest.approx(6.0 / 2.0)
+    assert row["audio_throughput"] == pytest.approx(11.0 / 3.0)  # the whole level, drain included
+    (row,) = metrics.summarize(records[:2], metrics.SLO())  # no more requests than the concurrency
+    assert row["full_load_s"] is None and row["full_load_audio_throughput"] is None
+    for r in records:
+        r.update(mode="rate", concurrency=None, rate=2.0)
+    (row,) = metrics.summarize(records, metrics.SLO())  # open loop: no fixed number in flight
+    assert row["full_load_audio_throughput"] is None

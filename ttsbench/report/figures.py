@@ -18,6 +18,8 @@ SUMMARY_FIGURES: list[tuple[str, str, str, str | None]] = [
     ("audio_throughput", "audio throughput (audio s / s)", "f3", "higher"),
     ("frames_per_s", "frames / s", "f1", "higher"),
     ("total_audio_s", "total audio s", "f1", None),
+    ("full_load_s", "full-load span s", "f2", None),
+    ("full_load_audio_throughput", "full-load audio throughput (audio s / s)", "f3", "higher"),
     ("goodput", "goodput (share meeting SLO)", "pct", "higher"),
 ] + [(f"{m}_{d}", f"{label} {d}", fmt, "lower") for m, label, fmt in _DIST_METRICS for d in _DIST]
 
