@@ -83,7 +83,7 @@ def _group_section(runs: list[Run], task: str, set_: str, mode: str, levels: lis
             runs, task, set_, levels, mode, [("ttfab_ms", "time to first audio byte"), ("e2e_ms", "end to end")]),
             f"TTFAB and E2E p50 / p95 / p99 against {by}."),
         _figure("throughput", plots.throughput_vs_load(runs, task, set_, levels, mode),
-                f"Audio throughput (dotted: real time) and request throughput against {by}."),
+                f"Audio throughput (dotted: real time; dashed: at full load, where a level has such a span) and request throughput against {by}."),
     ]
     # Distributions need per-request records, which a baseline file does not keep.
     with_records = [run for run in runs if any(r.get("task") == task and r.get("set") == set_ for r in run.measured())]

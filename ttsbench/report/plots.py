@@ -97,21 +97,30 @@ def percentiles_vs_load(runs, task, set_, levels, mode, metrics: list[tuple[str,
 
 
 def throughput_vs_load(runs, task, set_, levels, mode) -> bytes:
-    """Audio throughput (audio seconds per second) and request throughput against load."""
+    """Audio throughput (audio seconds per second; dashed: at full load, where the level has such a span) and
+    request throughput against load."""
     fig = Figure(figsize=(11, 3.8))
     ax_audio, ax_req = fig.subplots(1, 2)
     for ax, key, title, unit in ((ax_audio, "audio_throughput", "audio throughput", "audio s / s"),
                                  (ax_req, "request_throughput", "request throughput", "requests / s")):
+        full_load = False
         for i, run in enumerate(runs):
-            xs, ys = _series(_rows_by_level(run, task, set_), levels, key)
-            ax.plot(xs, ys, "-", marker="o", ms=4, color=RUN_COLORS[i % len(RUN_COLORS)], label=run.label)
+            color, rows = RUN_COLORS[i % len(RUN_COLORS)], _rows_by_level(run, task, set_)
+            xs, ys = _series(rows, levels, key)
+            ax.plot(xs, ys, "-", marker="o", ms=4, color=color, label=run.label)
+            if key == "audio_throughput":
+                xs, ys = _series(rows, levels, "full_load_audio_throughput")
+                ax.plot(xs, ys, "--", marker="s", ms=3, color=color)
+                full_load = full_load or bool(xs)
         _level_axis(ax, levels, mode)
         ax.set_title(title)
         ax.set_ylabel(unit)
         ax.set_ylim(bottom=0)
         if key == "audio_throughput":
             ax.axhline(1.0, color="gray", lw=0.8, ls=":")
-        if len(runs) > 1:
+            if full_load:
+                ax.plot([], [], "--", marker="s", ms=3, color="gray", label="at full load")
+        if len(runs) > 1 or full_load:
             ax.legend(fontsize=8)
     fig.tight_layout()
     return to_png(fig)
