@@ -111,7 +111,6 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     parser.add_argument("--profile", type=Path, default=None,
                         help="append the kernel table of one eager and one graph call of the largest bucket here")
-    parser.add_argument("--compile", action="store_true", help="compiled SnakeBeta activations (the server's default on a GPU)")
     parser.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its convolution algorithms")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
@@ -124,7 +123,7 @@ def main() -> None:
     cfg = (tiny_codec_config() if args.tiny else released_codec_config()).decoder
     decoder = random_decoder(cfg).to(device, dtype)
     q = cfg.num_quantizers
-    eager = CodecRunner(decoder, device, q, max_batch, compile_activations=args.compile)  # in place: both runners
+    eager = CodecRunner(decoder, device, q, max_batch)  # fused activations on CUDA, in place: both runners
     graphs = CodecRunner(decoder, device, q, max_batch, graph_buckets=buckets,
                          graph_budget_bytes=None if args.budget_gb is None else int(args.budget_gb * 1024**3))
     t0 = time.perf_counter()

@@ -161,20 +161,3 @@ def test_a_reused_slot_starts_afresh(runner, decoder):
     stream_through(runner, new_stream(), codes(9, 11))
     frames = codes(9, 12)
     assert np.abs(stream_through(runner, new_stream(2, 3), frames) - one_shot(decoder, frames)).max() < 1e-4
-
-
-def test_compiled_activations_decode_as_eager(decoder):
-    """--compile fuses each SnakeBeta into one kernel (compile_snakes): the streams' audio stays the eager audio
-    (here on the CPU backend; the GPU speed is in docs/performance.md)."""
-    import copy
-
-    compiled = copy.deepcopy(decoder)
-    runner = CodecRunner(compiled, torch.device("cpu"), Q, num_slots=2, compile_activations=True)
-    reference = CodecRunner(decoder, torch.device("cpu"), Q, num_slots=2)
-    assert runner.compiled_activations and runner.describe()["codec_compiled_activations"]
-    assert not reference.describe()["codec_compiled_activations"]
-    a, b = codes(9, 1), codes(6, 2)
-    for chunks in ([CodecChunk(0, a[:4], True), CodecChunk(1, b[:2], True)],
-                   [CodecChunk(0, a[4:], False), CodecChunk(1, b[2:], False)]):
-        for got, want in zip(runner.decode(chunks), reference.decode(chunks)):
-            np.testing.assert_allclose(got, want, atol=1e-5)

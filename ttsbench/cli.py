@@ -319,7 +319,7 @@ def serve(
     voices_dir: Optional[Path] = typer.Option(None, help="Where uploaded voices are stored (default: ~/.cache/ttsbench/voices/<model>)."),
     served_model_name: Optional[str] = typer.Option(None, help="Model id listed at /v1/models (default: --model as given)."),
     enforce_eager: bool = typer.Option(False, help="Never capture CUDA graphs (always true on CPU)."),
-    compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the talker layers and the codec activations before graph capture (default: on when graphs are captured)."),
+    compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the talker layers before graph capture (default: on when graphs are captured)."),
     max_graph_batch: int = typer.Option(128, min=1, help="Largest batch bucket with captured CUDA graphs; bigger steps run eagerly."),
     ignore_eos: bool = typer.Option(False, help="Benchmark mode for random weights: never stop at end-of-speech; each request stops at --length-policy."),
     length_policy: str = typer.Option("text", help="With --ignore-eos: text (frames for the input's spoken length: 15 chars/s, CJK 4.5 chars/s, capped by max_new_tokens) or max-new-tokens."),

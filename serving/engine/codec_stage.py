@@ -26,23 +26,19 @@ import torch
 from serving.engine.codec_graphs import CodecGraphReport, CodecGraphs, pad_rows, run_step
 from serving.engine.cuda_graphs import wait_sleeping
 from serving.engine.lru import LRU
-from serving.model.codec_decoder import SnakeBeta
 from serving.model.codec_stream import IncrementalCodecDecoder, next_chunk_frames
 
 
-def compile_snakes(decoder: torch.nn.Module) -> bool:
-    """torch.compile every SnakeBeta of the decoder in place (dynamic shapes: one graph for all of them).
-
-    Eagerly a SnakeBeta is five full passes over its input (two broadcast multiplies, sin, pow, add); at the
-    vocoder's sample-rate stages those passes, not the convolutions, were ~70% of a 64 x 25-frame codec call on
-    an H100 (docs/performance.md). Compiled it is one fused pass. Returns whether anything was compiled."""
-    import torch._dynamo
-
-    snakes = [m for m in decoder.modules() if isinstance(m, SnakeBeta)]
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    for snake in snakes:
-        snake.compile(dynamic=True)
-    return bool(snakes)
+def fused_activations(decoder: torch.nn.Module, device: torch.device) -> bool:
+    """On CUDA, run the vocoder's SnakeBetas and residual additions as fused Triton kernels (triton_vocoder, in
+    place); elsewhere, or without Triton, the torch reference stays. Returns whether the kernels are in."""
+    if device.type != "cuda":
+        return False
+    try:
+        from serving.engine import triton_vocoder
+    except ImportError:
+        return False
+    return triton_vocoder.install(decoder)
 
 
 @dataclass(frozen=True)
@@ -101,10 +97,9 @@ class CodecRunner:
 
     def __init__(self, decoder: torch.nn.Module, device: torch.device, num_quantizers: int, num_slots: int,
                  graph_buckets: tuple[tuple[int, int], ...] = (), graph_budget_bytes: int | None = None,
-                 compile_activations: bool = False, primed_cache_size: int = 32):
+                 primed_cache_size: int = 32):
         """graph_buckets: (batch, frames) shapes to capture at warm-up (none: every call runs eagerly);
         graph_budget_bytes: the most memory they may take (None: no limit), the largest dropped first;
-        compile_activations: torch.compile the SnakeBeta activations (see compile_snakes);
         primed_cache_size: states after priming kept, one per distinct reference (see _prime)."""
         self.pool = IncrementalCodecDecoder(decoder, num_slots)
         self.device = device
@@ -113,7 +108,7 @@ class CodecRunner:
         self._free = list(range(num_slots - 1, -1, -1))
         self.graphs = CodecGraphs(self.pool, list(graph_buckets), num_quantizers, device) if graph_buckets else None
         self.graph_budget_bytes = graph_budget_bytes
-        self.compiled_activations = compile_activations and compile_snakes(decoder)
+        self.fused_activations = fused_activations(decoder, device)
         self._host: torch.Tensor | None = None  # pinned landing buffer of the waveforms (GPU only, see _to_host)
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
         self._primed = LRU(primed_cache_size)  # reference codes' hash -> the state priming leaves
@@ -145,7 +140,7 @@ class CodecRunner:
         """The codec's side of the engine's configuration (GET /health): device, dtype, state, graphs."""
         param = next(self.pool.decoder.parameters())
         d = {"codec_device": str(param.device), "codec_dtype": str(param.dtype).removeprefix("torch."),
-             "codec_slots": self.num_slots, "codec_compiled_activations": self.compiled_activations,
+             "codec_slots": self.num_slots, "codec_fused_activations": self.fused_activations,
              "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
         report = self.graph_report or CodecGraphReport((), (), 0, self.graph_budget_bytes)
         return d | report.describe()

@@ -61,7 +61,7 @@ class EngineConfig:
     left_context_frames: int = 72  # voice clone: last reference frames that prime the codec's state (all: exact)
     max_codec_batch: int = 16
     enforce_eager: bool = False  # no CUDA graphs (a CPU never uses them)
-    compile: bool | None = None  # torch.compile the talker layers and codec activations; None: with graphs
+    compile: bool | None = None  # torch.compile the talker layers; None: with graphs
     max_graph_batch: int = 128  # largest batch bucket with captured graphs; bigger steps run eagerly
     ignore_eos: bool = False  # benchmark mode for random weights: stop by length_policy, never at eos
     length_policy: str = "text"  # with ignore_eos: text (spoken length of the input) or max-new-tokens

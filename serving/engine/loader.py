@@ -139,9 +139,7 @@ def load_stages(config):
                                num_slots=num_slots + config.max_codec_batch,
                                graph_buckets=codec_graph_buckets(config, codec_device),
                                graph_budget_bytes=None if config.codec_graph_memory_gb is None
-                               else int(config.codec_graph_memory_gb * 1024**3),
-                               compile_activations=(codec_device.type == "cuda" and not config.enforce_eager
-                                                    if config.compile is None else config.compile))
+                               else int(config.codec_graph_memory_gb * 1024**3))
     task_type = TASK_TYPES[model_cfg.tts_model_type]
     info = EngineInfo(
         model_name=config.model_name or path.name,

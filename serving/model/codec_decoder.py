@@ -87,8 +87,11 @@ class CausalConv1d(nn.Module):
         self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
         self.left_pad = (kernel_size - 1) * dilation
 
-    def forward(self, x: torch.Tensor, frames: Frames) -> torch.Tensor:
-        return self.conv(frames.with_history(self, x, self.left_pad))
+    def forward(self, x: torch.Tensor, frames: Frames, bias: bool = True) -> torch.Tensor:
+        """bias=False leaves the bias out, for the caller to add in a pass it makes anyway."""
+        conv = self.conv
+        return F.conv1d(frames.with_history(self, x, self.left_pad), conv.weight, conv.bias if bias else None,
+                        dilation=conv.dilation, groups=conv.groups)
 
 
 class CausalConvTranspose1d(nn.Module):
@@ -110,18 +113,29 @@ class CausalConvTranspose1d(nn.Module):
         return y[..., start: start + x.shape[-1] * self.conv.stride[0]]
 
 
+def snake_reference(x_bcl: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """SnakeBeta of x (+ a per-channel bias first): x + sin^2(x * e^alpha) / e^beta (alpha, beta as logs)."""
+    if bias is not None:
+        x_bcl = x_bcl + bias[None, :, None]
+    alpha = torch.exp(alpha)[None, :, None]
+    beta = torch.exp(beta)[None, :, None]
+    return x_bcl + (1.0 / (beta + 1e-9)) * torch.pow(torch.sin(x_bcl * alpha), 2)
+
+
 class SnakeBeta(nn.Module):
-    """x + sin^2(x * e^alpha) / e^beta per channel (alpha, beta stored as logs)."""
+    """x + sin^2(x * e^alpha) / e^beta per channel (alpha, beta stored as logs). `kernel` computes it: the torch
+    reference, or a fused kernel the engine installs (serving/engine/triton_vocoder.py)."""
+
+    kernel = staticmethod(snake_reference)
 
     def __init__(self, channels: int):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        alpha = torch.exp(self.alpha)[None, :, None]
-        beta = torch.exp(self.beta)[None, :, None]
-        return x + (1.0 / (beta + 1e-9)) * torch.pow(torch.sin(x * alpha), 2)
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self.kernel(x, self.alpha, self.beta, bias)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -147,8 +161,15 @@ class ResidualUnit(nn.Module):
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv1d(dim, dim, kernel_size=1)
 
+    add_kernel = None  # the engine's fused (x, y, bias) -> x + y + bias (triton_vocoder); None: plain torch
+
     def forward(self, x: torch.Tensor, frames: Frames) -> torch.Tensor:
-        return x + self.conv2(self.act2(self.conv1(self.act1(x), frames)), frames)
+        if self.add_kernel is None:
+            return x + self.conv2(self.act2(self.conv1(self.act1(x), frames)), frames)
+        # fused: each convolution's bias is added in the elementwise pass after it, not in a pass of its own
+        h = self.conv1(self.act1(x), frames, bias=False)
+        h = self.conv2(self.act2(h, self.conv1.conv.bias), frames, bias=False)
+        return self.add_kernel(x, h, self.conv2.conv.bias)
 
 
 class DecoderBlock(nn.Module):
@@ -538,7 +559,7 @@ def init_random_(decoder: CodecDecoder, generator: torch.Generator) -> None:
     def record_std(_module, _inputs, out):
         captured["std"] = float(out.float().std())
 
-    hook = last.register_forward_hook(record_std)
+    hook = decoder.decoder[-1].register_forward_hook(record_std)
     try:
         decoder(codes.to(last.weight.device))
     finally:
