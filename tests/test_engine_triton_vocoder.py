@@ -1,5 +1,5 @@
 """The fused vocoder kernels compute the torch reference's SnakeBeta and residual addition, and a decoder with
-them installed streams the reference decoder's audio.
+them installed decodes (streamed, and one-shot with padded rows) the reference decoder's audio.
 
 CI has no GPU, so the kernels run in Triton's interpreter (TRITON_INTERPRET=1, CPU tensors), in a child
 process since Triton reads the variable when the kernels are decorated.
@@ -37,6 +37,12 @@ SCRIPT = textwrap.dedent("""
                 want = snake_reference(xs.float(), alpha, beta, with_bias).to(dtype)  # the kernel computes in fp32
                 assert got.dtype == dtype and got.shape == (b, c, length) and got.is_contiguous()
                 torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+                # into the columns behind a causal convolution's history, leaving the history as it was
+                full = torch.full((b, c, 6 + length), 7.0, dtype=dtype)
+                assert triton_vocoder.snake(xs, alpha, beta, with_bias, out=full[..., 6:]).data_ptr() \
+                    == full[..., 6:].data_ptr()
+                assert (full[..., :6] == 7).all()
+                torch.testing.assert_close(full[..., 6:].float(), want.float(), atol=tol, rtol=tol)
             got = triton_vocoder.residual(xs, ys, bias)
             torch.testing.assert_close(got.float(), (xs.float() + ys.float() + bias[:, None]).to(dtype).float(),
                                        atol=tol, rtol=tol)
@@ -58,16 +64,21 @@ SCRIPT = textwrap.dedent("""
         streamed = torch.cat([p[row] for p in pieces])
         assert (streamed - whole[row]).abs().max() < 1e-4, row
     print("streams equal")
+    left_pad, spf = torch.tensor([0, 3]), decoder.samples_per_frame
+    with torch.inference_mode():
+        want, got = decoder(codes, left_pad), fused(codes, left_pad)
+    assert (got[0] - want[0]).abs().max() < 1e-4 and (got[1, 3 * spf:] - want[1, 3 * spf:]).abs().max() < 1e-4
+    print("padded batches equal")
 """)
 
 
-def test_fused_kernels_compute_the_reference_and_stream_the_same_audio():
+def test_fused_kernels_compute_the_reference_and_decode_the_same_audio():
     env = dict(os.environ, TRITON_INTERPRET="1")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "shapes 8" in proc.stdout and "streams equal" in proc.stdout
+    assert "shapes 8" in proc.stdout and "streams equal" in proc.stdout and "padded batches equal" in proc.stdout
 
 
 def test_the_codec_stage_fuses_on_cuda_only():

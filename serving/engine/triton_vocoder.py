@@ -7,8 +7,9 @@ and the convolutions' bias additions (a broadcast `add_` after each cuDNN call, 
 (docs/perf-raw/2026-11-21-h100-s2-codec-profile-bf16-compiled-snake.txt). Here a residual unit's two biases
 ride along in the kernels that read those tensors anyway. One program handles one (row, channel) strip of
 samples, so a channel's parameters are loaded once and no per-sample index arithmetic picks them; inputs may
-be strided (a transposed convolution's output is a slice), outputs are contiguous. Arithmetic is float32
-whatever the storage dtype.
+be strided (a transposed convolution's output is a slice), and so may SnakeBeta's output: given `out`, it
+writes straight behind a causal convolution's history (codec_decoder.Frames.with_history), saving the
+concatenation that would copy it there. Arithmetic is float32 whatever the storage dtype.
 
 `install(decoder)` points every SnakeBeta and ResidualUnit of a decoder at these kernels; the plain torch modules
 stay the definition of the maths and the CPU path.
@@ -28,7 +29,7 @@ def _block(length: int) -> int:
 
 
 @triton.jit
-def _snake_kernel(x_ptr, sxb, sxc, sxl, out_ptr, alpha_ptr, beta_ptr, bias_ptr, channels, length,
+def _snake_kernel(x_ptr, sxb, sxc, sxl, out_ptr, sob, soc, sol, alpha_ptr, beta_ptr, bias_ptr, channels, length,
                   HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # b * channels + c
     b = row // channels
@@ -41,7 +42,8 @@ def _snake_kernel(x_ptr, sxb, sxc, sxl, out_ptr, alpha_ptr, beta_ptr, bias_ptr, 
     alpha = tl.exp(tl.load(alpha_ptr + c).to(tl.float32))
     inv_beta = 1.0 / (tl.exp(tl.load(beta_ptr + c).to(tl.float32)) + 1e-9)
     s = tl.sin(x * alpha)
-    tl.store(out_ptr + row * length + t, (x + inv_beta * s * s).to(out_ptr.dtype.element_ty), mask=inside)
+    tl.store(out_ptr + b * sob + c * soc + t * sol, (x + inv_beta * s * s).to(out_ptr.dtype.element_ty),
+             mask=inside)
 
 
 @triton.jit
@@ -59,14 +61,17 @@ def _residual_kernel(x_ptr, sxb, sxc, sxl, y_ptr, syb, syc, syl, bias_ptr, out_p
 
 
 def snake(x_bcl: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
-          bias: torch.Tensor | None = None) -> torch.Tensor:
-    """codec_decoder.snake_reference in one pass."""
+          bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """codec_decoder.snake_reference in one pass (into `out`, any strides, if given)."""
     b, c, length = x_bcl.shape
-    out = torch.empty((b, c, length), dtype=x_bcl.dtype, device=x_bcl.device)
+    if out is None:
+        out = torch.empty((b, c, length), dtype=x_bcl.dtype, device=x_bcl.device)
+    elif out.shape != x_bcl.shape:
+        raise ValueError(f"snake output {tuple(out.shape)} for an input of {tuple(x_bcl.shape)}")
     if out.numel():
         block = _block(length)
         _snake_kernel[(b * c, triton.cdiv(length, block))](
-            x_bcl, *x_bcl.stride(), out, alpha, beta, alpha if bias is None else bias, c, length,
+            x_bcl, *x_bcl.stride(), out, *out.stride(), alpha, beta, alpha if bias is None else bias, c, length,
             HAS_BIAS=bias is not None, BLOCK=block)
     return out
 

@@ -38,8 +38,8 @@ class Frames:
 
     This is the one-shot view: nothing precedes the first frame, so a convolution's history is zeros and
     attention sees only this call's frames; keep_bt (B, T) bool marks each row's real frames after its left
-    padding (None: no padding). codec_stream.StreamStep overrides the three hooks to hand each row its carried
-    state instead and to record the state the next chunk needs, so one traversal serves both.
+    padding (None: no padding). codec_stream.StreamStep overrides the hooks to hand each row its carried state
+    instead and to record the state the next chunk needs, so one traversal serves both.
     """
 
     past_frames = 0  # frames before this call whose keys and values attention sees
@@ -53,14 +53,31 @@ class Frames:
         view.rate = self.rate * factor
         return view
 
-    def with_history(self, module: nn.Module, x_bcl: torch.Tensor, n: int) -> torch.Tensor:
-        """x (B, C, L) at this rate with the n inputs before it prepended: (B, C, n + L). Padding is zeroed
-        first, so a padded row's convolutions see zeros before its first real input, as alone."""
+    def with_history(self, module: nn.Module, x_bcl: torch.Tensor, n: int, act: nn.Module | None = None
+                     ) -> torch.Tensor:
+        """x (B, C, L) at this rate, or act(x), with the n inputs before it prepended: (B, C, n + L). act writes
+        straight into the buffer behind the history (`out=`), which saves re-copying its output there."""
         if n == 0:
-            return x_bcl
+            return x_bcl if act is None else act(x_bcl)
+        b, c, length = x_bcl.shape
+        full = x_bcl.new_empty((b, c, n + length))
+        full[..., :n] = self.history(module, x_bcl, n)
+        if act is None:
+            full[..., n:] = x_bcl
+        else:
+            act(x_bcl, out=full[..., n:])
+        return self.filled(module, full, n)
+
+    def history(self, module: nn.Module, x_bcl: torch.Tensor, n: int) -> torch.Tensor:
+        """The n inputs before x, (B, C, n) or broadcast to it: zeros here."""
+        return x_bcl.new_zeros(())
+
+    def filled(self, module: nn.Module, full: torch.Tensor, n: int) -> torch.Tensor:
+        """with_history's (B, C, n + L) once its new inputs are written. Padding is zeroed, so a padded row's
+        convolutions see zeros before its first real input, as alone."""
         if self.keep_bt is not None:
-            x_bcl = x_bcl * self.keep_bt.to(x_bcl.dtype).repeat_interleave(self.rate, dim=1)[:, None, :]
-        return F.pad(x_bcl, (n, 0))
+            full[..., n:].mul_(self.keep_bt.to(full.dtype).repeat_interleave(self.rate, dim=1)[:, None, :])
+        return full
 
     def keys_values(self, module: nn.Module, k_bhtd: torch.Tensor, v_bhtd: torch.Tensor):
         """Keys (before RoPE) and values of the past_frames earlier frames prepended to this call's."""
@@ -87,10 +104,12 @@ class CausalConv1d(nn.Module):
         self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
         self.left_pad = (kernel_size - 1) * dilation
 
-    def forward(self, x: torch.Tensor, frames: Frames, bias: bool = True) -> torch.Tensor:
-        """bias=False leaves the bias out, for the caller to add in a pass it makes anyway."""
+    def forward(self, x: torch.Tensor, frames: Frames, bias: bool = True, act: nn.Module | None = None
+                ) -> torch.Tensor:
+        """Of act(x) if act is given (see Frames.with_history). bias=False leaves the bias out, for the caller
+        to add in a pass it makes anyway."""
         conv = self.conv
-        return F.conv1d(frames.with_history(self, x, self.left_pad), conv.weight, conv.bias if bias else None,
+        return F.conv1d(frames.with_history(self, x, self.left_pad, act), conv.weight, conv.bias if bias else None,
                         dilation=conv.dilation, groups=conv.groups)
 
 
@@ -107,20 +126,23 @@ class CausalConvTranspose1d(nn.Module):
         self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
         self.history = kernel_size // stride - 1
 
-    def forward(self, x: torch.Tensor, frames: Frames) -> torch.Tensor:
-        y = self.conv(frames.with_history(self, x, self.history))
+    def forward(self, x: torch.Tensor, frames: Frames, act: nn.Module | None = None) -> torch.Tensor:
+        """Of act(x) if act is given (see Frames.with_history)."""
+        y = self.conv(frames.with_history(self, x, self.history, act))
         start = self.history * self.conv.stride[0]
         return y[..., start: start + x.shape[-1] * self.conv.stride[0]]
 
 
 def snake_reference(x_bcl: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
-    """SnakeBeta of x (+ a per-channel bias first): x + sin^2(x * e^alpha) / e^beta (alpha, beta as logs)."""
+                    bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """SnakeBeta of x (+ a per-channel bias first): x + sin^2(x * e^alpha) / e^beta (alpha, beta as logs),
+    into `out` (B, C, L), which may be a strided view, if given."""
     if bias is not None:
         x_bcl = x_bcl + bias[None, :, None]
     alpha = torch.exp(alpha)[None, :, None]
     beta = torch.exp(beta)[None, :, None]
-    return x_bcl + (1.0 / (beta + 1e-9)) * torch.pow(torch.sin(x_bcl * alpha), 2)
+    y = x_bcl + (1.0 / (beta + 1e-9)) * torch.pow(torch.sin(x_bcl * alpha), 2)
+    return y if out is None else out.copy_(y)
 
 
 class SnakeBeta(nn.Module):
@@ -134,8 +156,9 @@ class SnakeBeta(nn.Module):
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return self.kernel(x, self.alpha, self.beta, bias)
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        return self.kernel(x, self.alpha, self.beta, bias, out=out)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -165,9 +188,9 @@ class ResidualUnit(nn.Module):
 
     def forward(self, x: torch.Tensor, frames: Frames) -> torch.Tensor:
         if self.add_kernel is None:
-            return x + self.conv2(self.act2(self.conv1(self.act1(x), frames)), frames)
+            return x + self.conv2(self.act2(self.conv1(x, frames, act=self.act1)), frames)
         # fused: each convolution's bias is added in the elementwise pass after it, not in a pass of its own
-        h = self.conv1(self.act1(x), frames, bias=False)
+        h = self.conv1(x, frames, bias=False, act=self.act1)
         h = self.conv2(self.act2(h, self.conv1.conv.bias), frames, bias=False)
         return self.add_kernel(x, h, self.conv2.conv.bias)
 
@@ -185,7 +208,7 @@ class DecoderBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, frames: Frames) -> torch.Tensor:
         """frames: the view at this block's input rate."""
-        x = self.block[1](self.block[0](x), frames)
+        x = self.block[1](x, frames, act=self.block[0])
         frames = frames.upsampled(self.rate)
         for unit in self.block[2:]:
             x = unit(x, frames)
@@ -436,7 +459,7 @@ class CodecDecoder(nn.Module):
         for block in self.decoder[1:-2]:
             h = block(h, frames)
             frames = frames.upsampled(block.rate)
-        wav = self.decoder[-1](self.decoder[-2](h), frames)
+        wav = self.decoder[-1](h, frames, act=self.decoder[-2])
         return wav.clamp(min=-1, max=1)[:, 0, :]
 
     def decode_chunk(self, codes_btq: torch.Tensor, context_frames: int | torch.Tensor) -> torch.Tensor:

@@ -86,12 +86,12 @@ class StreamStep(Frames):
         starts = self.first_b.view(-1, *[1] * (rows.dim() - 1))
         return torch.where(starts, rows.new_zeros(()), rows)
 
-    def with_history(self, module: nn.Module, x_bcl: torch.Tensor, n: int) -> torch.Tensor:
-        if n == 0:
-            return x_bcl
-        buffer = self.pool.conv_state[module]
-        full = torch.cat([self._carried(buffer), x_bcl], dim=-1)
-        self.updates[buffer] = _tail(full, self.new_frames_b * self.rate, n, dim=-1)
+    def history(self, module: nn.Module, x_bcl: torch.Tensor, n: int) -> torch.Tensor:
+        return self._carried(self.pool.conv_state[module])
+
+    def filled(self, module: nn.Module, full: torch.Tensor, n: int) -> torch.Tensor:
+        """Records the rows' state after their new inputs, now that `full` holds them."""
+        self.updates[self.pool.conv_state[module]] = _tail(full, self.new_frames_b * self.rate, n, dim=-1)
         return full
 
     def keys_values(self, module: nn.Module, k_bhtd: torch.Tensor, v_bhtd: torch.Tensor):
