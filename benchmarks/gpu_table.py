@@ -53,8 +53,8 @@ def main() -> None:
     if summaries:
         print("## Served (ttsbench run over loopback, streaming PCM)\n")
         print("| task | set | c | ok | failed | TTFAB p50 ms | TTFAB p95 ms | RTF p50 | x real time per stream p50 | "
-              "audio s/s | full-load audio s/s | floor audio s/s | underrun p95 s | E2E p50 ms |")
-        print("|---" * 14 + "|")
+              "full-load TTFAB p50 / p95 ms | audio s/s | full-load audio s/s | floor audio s/s | underrun p95 s | E2E p50 ms |")
+        print("|---" * 15 + "|")
         rows = []
         for path in summaries:
             for r in json.loads(path.read_text())["rows"]:
@@ -67,7 +67,8 @@ def main() -> None:
             floor = floor_audio_per_s(decode, r["concurrency"] or 1)
             print(f"| {r['task']} | {r['set']} | {r['concurrency']} | {r['completed']} | {r['failed']} | "
                   f"{f('ttfab_ms_median')} | {f('ttfab_ms_p95')} | {f('rtf_median', '{:.3f}')} | "
-                  f"{(1 / rtf) if rtf else float('nan'):.1f} | {f('audio_throughput')} | {f('full_load_audio_throughput')} | "
+                  f"{(1 / rtf) if rtf else float('nan'):.1f} | {f('full_load_ttfab_ms_median')} / {f('full_load_ttfab_ms_p95')} | "
+                  f"{f('audio_throughput')} | {f('full_load_audio_throughput')} | "
                   f"{floor if floor else float('nan'):.0f} | {f('underrun_s_p95', '{:.3f}')} | {f('e2e_ms_median', '{:.0f}')} |")
         print()
         phased = [(path.parent.name, json.loads((path.parent / "engine_phases.json").read_text()))

@@ -85,24 +85,31 @@ def test_summarize_all_failed_gives_null_statistics():
     assert row["completed"] == 0 and row["ttfab_ms_p99"] is None and row["goodput"] == 0.0
 
 
-def test_full_load_throughput_counts_only_the_span_with_every_session_busy():
+FULL_LOAD_KEYS = ("full_load_s", "full_load_audio_throughput", "full_load_ttfab_ms_median", "full_load_ttfab_ms_p95")
+
+
+def test_full_load_figures_count_only_the_span_with_every_session_busy():
     """Closed loop at c=2: the span runs from the 2nd start (0.0) to the last start (2.0); audio counts by chunk
-    arrival inside it, each chunk its share of the request's audio by bytes."""
-    def rec(i, t0, e2e, chunks, audio):
-        r = _record(i, t0=t0, e2e=e2e * 1000, level="c2", audio=audio)
+    arrival inside it, each chunk its share of the request's audio by bytes; TTFAB counts the requests after
+    the first two (the first wave, which arrived at once), failed ones left out."""
+    def rec(i, t0, e2e, chunks, audio, ttfab=None, ok=True):
+        r = _record(i, t0=t0, e2e=e2e * 1000, level="c2", audio=audio, ttfab=ttfab or chunks[0][0], ok=ok)
         r["chunks"] = chunks
         return r
 
-    records = [rec(0, 0.0, 1.0, [[100, 100], [900, 100]], 2.0), rec(1, 0.0, 2.0, [[100, 100], [1900, 100]], 2.0),
-               rec(2, 1.0, 1.0, [[100, 100], [900, 100]], 2.0), rec(3, 2.0, 1.0, [[100, 50], [900, 150]], 4.0),
-               rec(4, 2.0, 0.5, [[500, 100]], 1.0)]
+    records = [rec(1, 0.0, 2.0, [[100, 100], [1900, 100]], 2.0, ttfab=900.0), rec(2, 1.0, 1.0, [[100, 100], [900, 100]], 2.0),
+               rec(0, 0.0, 1.0, [[100, 100], [900, 100]], 2.0, ttfab=800.0), rec(3, 2.0, 1.0, [[100, 50], [900, 150]], 4.0),
+               rec(4, 2.0, 0.5, [[500, 100]], 1.0), rec(5, 1.5, 0.5, [[10, 100]], 1.0, ttfab=5.0, ok=False)]
     (row,) = metrics.summarize(records, metrics.SLO())
     assert row["full_load_s"] == pytest.approx(2.0)
     assert row["full_load_audio_throughput"] == pytest.approx(6.0 / 2.0)
     assert row["audio_throughput"] == pytest.approx(11.0 / 3.0)  # the whole level, drain included
-    (row,) = metrics.summarize(records[:2], metrics.SLO())  # no more requests than the concurrency
-    assert row["full_load_s"] is None and row["full_load_audio_throughput"] is None
+    assert row["full_load_ttfab_ms_median"] == pytest.approx(100.0)  # 100, 100, 500: the first wave's 800, 900 out
+    assert row["full_load_ttfab_ms_p95"] == pytest.approx(460.0)  # linear between 100 and 500 at 0.95
+    assert row["ttfab_ms_p95"] == pytest.approx(880.0)  # the whole level: 100, 100, 500, 800, 900
+    (row,) = metrics.summarize([records[0], records[2]], metrics.SLO())  # no more requests than the concurrency
+    assert all(row[k] is None for k in FULL_LOAD_KEYS)
     for r in records:
         r.update(mode="rate", concurrency=None, rate=2.0)
     (row,) = metrics.summarize(records, metrics.SLO())  # open loop: no fixed number in flight
-    assert row["full_load_audio_throughput"] is None
+    assert all(row[k] is None for k in FULL_LOAD_KEYS)

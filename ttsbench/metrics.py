@@ -102,27 +102,42 @@ def _duration(group: pd.DataFrame) -> float:
     return float((per["end"] - per["start"]).sum())
 
 
-def _full_load(group: pd.DataFrame) -> tuple[float, float] | None:
-    """(seconds, audio seconds received) of a closed-loop level's full-load span: from the start of its c-th
-    request to the start of its last one (per resume session, summed). Throughout it c requests are in flight,
-    each finished one replaced at once, so it measures the server's steady state: neither the ramp-up nor the
-    drain at the end, where fewer and fewer requests (the longest) are left. None where there is no such span
-    (an open-loop level, no more requests than the concurrency, or chunk times not recorded)."""
+def _full_load(group: pd.DataFrame) -> dict:
+    """The full-load figures of a closed-loop level: its span from the start of its c-th request to the start of
+    its last one (per resume session, summed), throughout which c requests are in flight, each finished one
+    replaced at once; the audio received in it per second (by chunk arrival); and the TTFAB of the requests that
+    started after the first c, each arriving at a server busy with c - 1 others. That is the server's steady
+    state: neither the ramp-up, where the first c arrive at once, nor the drain at the end, where fewer and fewer
+    requests (the longest) are left. Null where there is no such span (an open-loop level, no more requests than
+    the concurrency, or chunk times not recorded)."""
+    fields = dict.fromkeys(("full_load_s", "full_load_audio_throughput", "full_load_ttfab_ms_median",
+                            "full_load_ttfab_ms_p95"))
     c = group["concurrency"].iloc[0]
     if "chunks" not in group or pd.isna(c):
-        return None
+        return fields
     span_s = audio_s = 0.0
+    ttfabs = []
     for _, session in group.groupby("session"):
-        starts = session["t_start"].sort_values().to_numpy()
+        session = session.sort_values("t_start", kind="stable")
+        starts = session["t_start"].to_numpy()
         if len(starts) <= c:
             continue
         begin, end = float(starts[int(c) - 1]), float(starts[-1])
         span_s += end - begin
+        later = session.iloc[int(c):]
+        ttfabs += [v for v in later.loc[later["ok"].astype(bool), "ttfab_ms"] if v is not None and not pd.isna(v)]
         for r in session[session["ok"].astype(bool)].itertuples():
             total = sum(n for _, n in r.chunks)
             if total and r.audio_s:
                 audio_s += r.audio_s * sum(n for ms, n in r.chunks if begin <= r.t_start + ms / 1000.0 <= end) / total
-    return (span_s, audio_s) if span_s > 0 else None
+    if span_s <= 0:
+        return fields
+    fields.update(full_load_s=round(span_s, 6), full_load_audio_throughput=round(audio_s / span_s, 6))
+    if ttfabs:
+        values = pd.Series(ttfabs, dtype=float)
+        fields.update(full_load_ttfab_ms_median=round(float(values.median()), 6),
+                      full_load_ttfab_ms_p95=round(float(values.quantile(0.95)), 6))
+    return fields
 
 
 def _none(value):
@@ -141,7 +156,6 @@ def summarize(records: list[dict], slo: SLO) -> list[dict]:
         ok = group[group["ok"].astype(bool)]
         duration = _duration(group)
         total_audio = float(ok["audio_s"].sum()) if len(ok) else 0.0
-        full = _full_load(group)
         first = group.iloc[0]
         row = {
             "task": task, "set": set_name, "level": level, "mode": first["mode"],
@@ -154,8 +168,7 @@ def summarize(records: list[dict], slo: SLO) -> list[dict]:
             "audio_throughput": round(total_audio / duration, 6) if duration > 0 else None,
             "frames_per_s": round(total_audio / duration * FRAMES_PER_AUDIO_S, 6) if duration > 0 else None,
             "total_audio_s": round(total_audio, 6),
-            "full_load_s": round(full[0], 6) if full else None,
-            "full_load_audio_throughput": round(full[1] / full[0], 6) if full else None,
+            **_full_load(group),
             "goodput": round(float(group.apply(_meets, axis=1, slo=slo).mean()), 6),
         }
         for metric in STAT_METRICS:

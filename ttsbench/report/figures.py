@@ -20,6 +20,8 @@ SUMMARY_FIGURES: list[tuple[str, str, str, str | None]] = [
     ("total_audio_s", "total audio s", "f1", None),
     ("full_load_s", "full-load span s", "f2", None),
     ("full_load_audio_throughput", "full-load audio throughput (audio s / s)", "f3", "higher"),
+    ("full_load_ttfab_ms_median", "full-load TTFAB ms median", "ms", "lower"),
+    ("full_load_ttfab_ms_p95", "full-load TTFAB ms p95", "ms", "lower"),
     ("goodput", "goodput (share meeting SLO)", "pct", "higher"),
 ] + [(f"{m}_{d}", f"{label} {d}", fmt, "lower") for m, label, fmt in _DIST_METRICS for d in _DIST]
 
