@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from serving.engine.codec_stage import CodecChunk, CodecRunner, CodecStream
+from serving.engine.codec_stage import CodecChunk, CodecRunner, CodecStream, next_batch
 from serving.model.codec_config import tiny_codec_config
 from serving.model.codec_decoder import CodecDecoder, init_random_
 
@@ -65,6 +65,33 @@ def test_a_stream_without_a_slot_waits():
     stream = new_stream()
     stream.pending.extend(codes(10, 2))
     assert stream.due() and not stream.ready()
+
+
+def test_a_streams_deadline_is_when_its_audio_runs_out():
+    stream = new_stream()
+    stream.due_since = 5.0
+    assert stream.deadline() == 5.0  # no audio out yet: needed since it came due
+    stream.delivered(10.0, 2.0)
+    assert stream.deadline() == 12.0
+    stream.delivered(11.0, 2.0)  # queued behind the audio still playing
+    assert stream.deadline() == 14.0
+    stream.delivered(20.0, 1.0)  # the listener ran dry at 14 and resumes now
+    assert stream.deadline() == 21.0
+
+
+def test_codec_calls_serve_the_earliest_deadlines_first():
+    """A new stream's first chunk goes before steady streams' chunks that have audio in hand, and a stream
+    about to run dry before one that is not; ties keep arrival order."""
+    def stream(due, audio_until=None):
+        s = new_stream()
+        s.due_since, s.audio_until = due, audio_until
+        return s
+
+    steady, late, first, ahead = stream(1.0, 4.0), stream(1.0, 2.5), stream(3.0), stream(1.0, 9.0)
+    tie_a, tie_b = stream(3.0), stream(3.0)
+    assert next_batch([steady, late, first, ahead], 3, lambda s: s) == [late, first, steady]
+    assert next_batch([tie_a, tie_b], 2, lambda s: s) == [tie_a, tie_b]
+    assert next_batch([(1, tie_b), (2, late)], 1, lambda item: item[1]) == [(2, late)]
 
 
 def test_reference_codes_prime_the_first_chunk_only():

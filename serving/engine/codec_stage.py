@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Callable, TypeVar
 
 import numpy as np
 import torch
@@ -27,6 +28,8 @@ from serving.engine.codec_graphs import CodecGraphReport, CodecGraphs, pad_rows,
 from serving.engine.cuda_graphs import wait_sleeping
 from serving.engine.lru import LRU
 from serving.model.codec_stream import IncrementalCodecDecoder, next_chunk_frames
+
+T = TypeVar("T")
 
 
 def fused_activations(decoder: torch.nn.Module, device: torch.device) -> bool:
@@ -61,6 +64,17 @@ class CodecStream:
     finished: bool = False  # the talker will add no more frames
     slot: int | None = None  # its state in the codec's pool, from its first chunk until it retires
     due_since: float | None = None  # when its next chunk's frames were all there (engine's codec_wait phase)
+    audio_until: float | None = None  # when its audio so far runs out for a listener who began at the first chunk
+
+    def deadline(self) -> float:
+        """When this stream's next chunk is needed: at once (since it came due) before any audio went out, else
+        when the audio already out runs out. The codec serves the earliest deadlines first, so a stream's first
+        chunk does not wait behind steady streams' chunks that have seconds of audio in hand."""
+        return self.due_since if self.audio_until is None else self.audio_until
+
+    def delivered(self, at: float, seconds: float) -> None:
+        """A chunk of `seconds` of audio went out at `at` (playback resumes then if it had run dry)."""
+        self.audio_until = max(at, self.audio_until or at) + seconds
 
     def next_chunk_size(self) -> int:
         return next_chunk_frames(self.decoded_frames, self.first_chunk_frames, self.chunk_frames)
@@ -84,6 +98,12 @@ class CodecStream:
     @property
     def done(self) -> bool:
         return self.finished and not self.pending
+
+
+def next_batch(ready: list[T], limit: int, codec: Callable[[T], CodecStream]) -> list[T]:
+    """The next codec call's rows: of the items whose chunks are ready, the `limit` whose streams' deadlines
+    come first (ties keep their order)."""
+    return sorted(ready, key=lambda item: codec(item).deadline())[:limit]
 
 
 class CodecRunner:

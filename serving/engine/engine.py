@@ -20,7 +20,8 @@ from typing import Callable
 import numpy as np
 
 from serving.engine.codec_graphs import CodecGraphReport
-from serving.engine.codec_stage import CodecStream
+from serving.engine.codec_stage import CodecStream, next_batch
+from serving.engine.prompts import SAMPLE_RATE
 from serving.engine.request import GenerationRequest
 from serving.engine.scheduler import QueueFullError, Scheduler
 from serving.model.config import GenerationDefaults
@@ -389,11 +390,11 @@ class Engine:
                 if stream.codec.slot is None and stream.codec.due() and not self.codec.assign(stream.codec):
                     break
             ready = [s for s in self._codec_streams if s.codec.ready() and not s.cancelled]
-            if not ready:
+            batch = next_batch(ready, self.config.max_codec_batch, lambda s: s.codec)
+            if not batch:
                 self._wake_codec.clear()
                 await self._wake_codec.wait()
                 continue
-            batch = ready[: self.config.max_codec_batch]
             t0 = time.monotonic()
             for s in batch:
                 self.observe("codec_wait", t0 - s.codec.due_since)
@@ -408,10 +409,11 @@ class Engine:
                 for stream in batch:
                     self._fail(stream, RequestFailed("audio decoding failed"))
                 continue
-            ready = time.monotonic()
+            out_at = time.monotonic()
             for stream, wav in zip(batch, wavs):
+                stream.codec.delivered(out_at, len(wav) / SAMPLE_RATE)
                 if not stream.cancelled:
-                    stream.queue.put_nowait((wav, ready))
+                    stream.queue.put_nowait((wav, out_at))
 
     def _retire(self, stream: RequestStream) -> bool:
         """A stream leaves the codec stage, and gives back its codec slot, once all its audio is out (or its
