@@ -5,12 +5,11 @@ with numpy on CPU tensors). The module is imported fresh in a child process with
 Triton reads it when the kernel is decorated.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.triton_interpreter import run_interpreted
 
 pytest.importorskip("triton", reason="triton is a test dependency (scripts/setup.sh --test installs it)")
 
@@ -62,12 +61,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_fused_kernel_draws_the_candidate_samplers_tokens():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "rows 192" in proc.stdout
+    assert "rows 192" in run_interpreted(SCRIPT)
 
 
 def test_the_talker_stage_draws_with_the_kernel_on_cuda_only():

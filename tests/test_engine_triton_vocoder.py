@@ -5,13 +5,12 @@ CI has no GPU, so the kernels run in Triton's interpreter (TRITON_INTERPRET=1, C
 process since Triton reads the variable when the kernels are decorated.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+
+from tests.triton_interpreter import run_interpreted
 
 pytest.importorskip("triton", reason="triton is a test dependency (scripts/setup.sh --test installs it)")
 
@@ -73,12 +72,8 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_fused_kernels_compute_the_reference_and_decode_the_same_audio():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "shapes 8" in proc.stdout and "streams equal" in proc.stdout and "padded batches equal" in proc.stdout
+    out = run_interpreted(SCRIPT)
+    assert "shapes 8" in out and "streams equal" in out and "padded batches equal" in out
 
 
 def test_the_codec_stage_fuses_on_cuda_only():
