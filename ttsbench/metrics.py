@@ -115,26 +115,26 @@ def _full_load(group: pd.DataFrame) -> dict:
     c = group["concurrency"].iloc[0]
     if "chunks" not in group or pd.isna(c):
         return fields
+    c = int(c)
     span_s = audio_s = 0.0
-    ttfabs = []
+    ttfabs = []  # per session; not empty once there is a span
     for _, session in group.groupby("session"):
-        session = session.sort_values("t_start", kind="stable")
-        starts = session["t_start"].to_numpy()
-        if len(starts) <= c:
+        if len(session) <= c:
             continue
-        begin, end = float(starts[int(c) - 1]), float(starts[-1])
+        session = session.sort_values("t_start", kind="stable")
+        ok = session[session["ok"].astype(bool)]
+        begin, end = float(session["t_start"].iloc[c - 1]), float(session["t_start"].iloc[-1])
         span_s += end - begin
-        later = session.iloc[int(c):]
-        ttfabs += [v for v in later.loc[later["ok"].astype(bool), "ttfab_ms"] if v is not None and not pd.isna(v)]
-        for r in session[session["ok"].astype(bool)].itertuples():
+        ttfabs.append(pd.to_numeric(ok.loc[ok.index.isin(session.index[c:]), "ttfab_ms"], errors="coerce"))
+        for r in ok.itertuples():
             total = sum(n for _, n in r.chunks)
             if total and r.audio_s:
                 audio_s += r.audio_s * sum(n for ms, n in r.chunks if begin <= r.t_start + ms / 1000.0 <= end) / total
     if span_s <= 0:
         return fields
     fields.update(full_load_s=round(span_s, 6), full_load_audio_throughput=round(audio_s / span_s, 6))
-    if ttfabs:
-        values = pd.Series(ttfabs, dtype=float)
+    values = pd.concat(ttfabs).dropna()
+    if not values.empty:
         fields.update(full_load_ttfab_ms_median=round(float(values.median()), 6),
                       full_load_ttfab_ms_p95=round(float(values.quantile(0.95)), 6))
     return fields
