@@ -2,7 +2,7 @@
 against the HBM floor (weights read once per frame, plus each row's KV cache), on one GPU.
 
     python benchmarks/decode_bench.py --model DIR [--batches 1,8,32,64,128] [--variants eager,graph,compile]
-        [--context 120] [--steps 30] [--json OUT.json] [--profile OUT.txt]
+        [--context 120] [--steps 30] [--json OUT.json] [--profile OUT.txt] [--tiles TILES.json]
 
 DIR is a checkpoint directory (random weights are used: --load-format dummy, so only its configs are read).
 A frame here is what the engine's decode_step does: code 0 + 15 code-predictor passes + 16 draws + the next
@@ -106,7 +106,7 @@ _EDGES: dict = {}  # the compiled pieces around the layers (TalkerRunner._compil
 
 def configure(runner, variant: str) -> None:
     """Set up the runner for a variant: compiled layers, and the experiments' changes to the default path."""
-    from serving.engine.talker_stage import _torch_candidates, candidate_sampler
+    from serving.engine.talker_stage import FUSED_CP_ROWS, _torch_candidates, candidate_sampler
 
     if variant.startswith("compile") and not runner.compile_layers:
         runner._compile()
@@ -124,6 +124,8 @@ def configure(runner, variant: str) -> None:
         for module, impl in _EDGES["modules"].items():
             module._compiled_call_impl = None if layers_only else impl
     runner._sample_candidates = candidate_sampler(runner.device)
+    # compile-modules: every step's code predictor through the compiled modules (before its fused Triton layers)
+    runner.fused_cp_rows = FUSED_CP_ROWS if runner.fused_cp is not None and variant != "compile-modules" else 0
     if variant == "compile-torch-sampler":  # the torch candidate sampler compiled (before the Triton kernel)
         runner._sample_candidates = torch.compile(_torch_candidates, dynamic=True)
     if variant == "compile-cdt":  # gpt-fast's recipe: batch-1 matmuls become fused, tuned Triton reductions
@@ -139,13 +141,22 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32,64,128")
     ap.add_argument("--variants", default="eager,graph,compile",
                     help="eager, graph, compile (compiled layers + graph); experiments on top of compile: "
-                         "compile-layers, compile-torch-sampler, compile-cdt (see configure)")
+                         "compile-layers, compile-torch-sampler, compile-cdt, compile-modules (see configure)")
     ap.add_argument("--context", type=int, default=120, help="prompt positions per row before timing")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--json")
     ap.add_argument("--profile", help="append per-kernel profiles of eager steps to this file")
+    ap.add_argument("--tiles", help="JSON of tiles for the fused code-predictor layers, by role "
+                                    "(fused_layers_bench.py --json), instead of triton_layers._TILES")
     args = ap.parse_args()
+    if args.tiles:
+        from serving.engine import triton_layers
+
+        with open(args.tiles) as f:
+            for role, kinds in json.load(f).items():
+                triton_layers._TILES[role].update({kind: tuple(tile) for kind, tile in kinds.items()})
+        print("tiles", triton_layers._TILES, flush=True)
 
     from serving.engine.cuda_graphs import FrameGraphs
     from serving.engine.engine import EngineConfig

@@ -29,6 +29,7 @@ from serving.model.sampler import SamplingParams, mask_code0, penalize_repeats, 
 
 PREFILL_TOKEN_BUDGET = 8192  # prompt positions per batched prefill pass (bounds the stall and its memory)
 PREFILL_GRAPH_MAX_LEN = 1024  # longest prompt bucket with a prefill graph (its scratch cache is that long)
+FUSED_CP_ROWS = 8  # steps of up to this many rows run the code predictor's fused layers (2 positions each at most)
 PREFILL_GRAPH_MAX_GROUP = 16  # admissions up to this many replay prefill graphs one by one; more take a batched pass
 
 
@@ -62,6 +63,19 @@ def candidate_sampler(device: torch.device):
             return _torch_candidates
         return triton_sampling.sample_top_candidates
     return _torch_candidates
+
+
+def fused_code_predictor(code_predictor, device: torch.device, force: bool = False):
+    """The code predictor's stack as Triton kernels for steps of a few rows (triton_layers.FusedStack), on CUDA
+    or where forced (tests, in Triton's interpreter); None without Triton or for a stack it does not support."""
+    if device.type != "cuda" and not force:
+        return None
+    try:
+        from serving.engine.triton_layers import FusedStack
+    except ImportError:
+        return None
+    stack = code_predictor.model
+    return FusedStack(stack) if FusedStack.supports(stack, code_predictor.num_code_groups) else None
 
 
 def _torch_candidates(logits, params, seed, frame, group):
@@ -116,6 +130,9 @@ class TalkerRunner:
         frame_limit(length_policy, "", 1)  # an unknown policy fails at start-up
         self.candidate_ok = [True] * s  # host mirror: slot's sampling fits topk_sampling (empty slots do)
         self._sample_candidates = candidate_sampler(device)
+        # steps of up to fused_cp_rows rows run the code predictor as fused Triton layers (on CUDA)
+        self.fused_cp = fused_code_predictor(self.talker.code_predictor, device)
+        self.fused_cp_rows = FUSED_CP_ROWS if self.fused_cp is not None else 0
         self.kv_buckets = make_kv_buckets(max_model_len)
         if cuda_graphs and device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
@@ -166,7 +183,8 @@ class TalkerRunner:
                 "graphs_captured": len(self.graphs.graphs) if self.graphs else 0,
                 "graph_memory_bytes": self.graphs.memory_bytes if self.graphs else 0,
                 "prefill_graph_lengths": list(self.prefill_graphs.lengths) if self.prefill_graphs else [],
-                "compiled_layers": self.compile_layers, "ignore_eos": self.ignore_eos,
+                "compiled_layers": self.compile_layers, "fused_code_predictor_rows": self.fused_cp_rows,
+                "ignore_eos": self.ignore_eos,
                 "length_policy": self.length_policy if self.ignore_eos else None}
 
     def kv_bytes(self) -> int:
@@ -417,23 +435,33 @@ class TalkerRunner:
         return x, attention_mask(pos, key_valid)
 
     def _code_predictor(self, hidden: torch.Tensor, code0: torch.Tensor, b: int, candidates: bool) -> torch.Tensor:
-        """Codes 1..G-1 [b, G-1]: CodePredictor.forward's passes, drawing each code with the step's sampler."""
+        """Codes 1..G-1 [b, G-1]: CodePredictor.forward's passes, drawing each code with the step's sampler; for a
+        step of at most fused_cp_rows rows, through the fused layers (its heads take the final norm)."""
         cp = self.talker.code_predictor
         project = cp.small_to_mtp_projection if cp.small_to_mtp_projection is not None else (lambda t: t)
         cache = CacheView(self.cp_kv.k[:, :b], self.cp_kv.v[:, :b])
+        if b <= self.fused_cp_rows:
+            def run(x, pos, kv_len):
+                return self.fused_cp(x, pos, cache.k, cache.v)[:, -1]
+
+            def logits(h, head):
+                return self.fused_cp.head(h, head.weight)
+        else:
+            def run(x, pos, kv_len):
+                return cp.model(x, pos, cache, pos, kv_len=kv_len, mask=None)[:, -1]
+
+            def logits(h, head):
+                return head(h)
         x = project(torch.stack((hidden, self.talker.embed_codec(code0)), dim=1))
-        positions = torch.arange(2, device=self.device).expand(b, 2)
-        out = cp.model(x, positions, cache, positions, kv_len=2, mask=None)
+        out = run(x, torch.arange(2, device=self.device).expand(b, 2), 2)
         codes = []
         for j in range(1, self.num_groups):
-            logits = cp.lm_head[j - 1](out[:, -1])
-            code = self._draw(logits, self.cp_params, b, j, candidates)
+            code = self._draw(logits(out, cp.lm_head[j - 1]), self.cp_params, b, j, candidates)
             codes.append(code)
             if j == self.num_groups - 1:
                 break
             x = project(cp.model.codec_embedding[j - 1](code)[:, None])
-            pos = self.cp_positions[j + 1, :b]
-            out = cp.model(x, pos, cache, pos, kv_len=j + 2, mask=None)
+            out = run(x, self.cp_positions[j + 1, :b], j + 2)
         return torch.stack(codes, dim=1)
 
     def _trace_prefill_shapes(self) -> None:

@@ -1,0 +1,100 @@
+"""Tiles for the code predictor's fused Triton layers (serving/engine/triton_layers.py), on the 0.6B shapes.
+
+For each matrix-product role of a fused layer and each row count a frame's code predictor passes (1 to 16), times
+every tile of a small sweep against cuBLAS's plain product (F.linear, which does less: no norm, no epilogue), 20
+calls in a CUDA graph, each call on its own weight (so, as in a frame, the weights come from HBM, not L2); and
+the attention kernel. Prints a table and the best tile per role; a measurement to choose triton_layers._TILES.
+
+    python benchmarks/fused_layers_bench.py [--rows 1,2,4,8,16] [--json TILES.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import torch
+import torch.nn.functional as F
+from graph_timing import us_per_call
+
+from serving.engine import triton_layers
+from serving.model.config import TransformerConfig
+from serving.model.layers import Attention, RotaryTable
+
+CALLS = 20
+# role: (K, N of the weight, the call), 0.6B code predictor
+ROLES = {"qkv": (1024, 4096), "gate_up": (1024, 2 * 3072), "o": (2048, 1024), "down": (3072, 1024),
+         "head": (1024, 2048)}
+
+
+def run(role: str, x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+    if role in ("o", "down"):
+        return triton_layers.matmul_residual(x, w, torch.zeros(x.shape[0], w.shape[0], dtype=x.dtype,
+                                                                device=x.device), role)
+    return triton_layers.norm_matmul(x, norm, 1e-6, w, role, gated=role == "gate_up")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", default="1,2,4,8,16")
+    ap.add_argument("--json", help="write the best tile per role here (decode_bench.py --tiles reads it)")
+    args = ap.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    dev = torch.device("cuda")
+    print(f"device {torch.cuda.get_device_name()}; torch {torch.__version__}")
+    tiles = {"dot": list(itertools.product((16, 32, 64), (128, 256), (4,), (3, 4))),
+             "gemv": list(itertools.product((2, 4, 8), (512, 1024), (4, 8), (3,)))}
+    print("| role (K x N) | rows | cuBLAS us | fused, current tile us | best tile us | best tile (n, k, warps, stages) |")
+    print("|---|---|---|---|---|---|")
+    best_by_role = {}
+    for role, (k, n) in ROLES.items():
+        weights = [torch.randn(n, k, dtype=torch.bfloat16, device=dev) / k ** 0.5 for _ in range(CALLS)]
+        norm = torch.ones(k, dtype=torch.bfloat16, device=dev)
+        totals = {kind: {t: 0.0 for t in kind_tiles} for kind, kind_tiles in tiles.items()}
+        for m in rows:
+            kind = "gemv" if m <= triton_layers.GEMV_ROWS else "dot"
+            current = triton_layers._TILES[role][kind]
+            x = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
+            cublas = us_per_call(lambda i: F.linear(x, weights[i]), CALLS)
+            timed = {}
+            for tile in tiles[kind]:
+                if kind == "gemv" and m * tile[0] * tile[1] > 8192:
+                    totals[kind][tile] = float("inf")  # float32 products that would not fit in registers
+                    continue
+                triton_layers._TILES[role][kind] = tile
+                try:
+                    timed[tile] = us_per_call(lambda i: run(role, x, weights[i], norm), CALLS)
+                except Exception as exc:  # a tile that does not fit
+                    print(f"{role} {tile}: {type(exc).__name__}", flush=True)
+                    timed[tile] = float("inf")
+                totals[kind][tile] += timed[tile]
+            triton_layers._TILES[role][kind] = current
+            best = min(timed, key=timed.get)
+            print(f"| {role} ({k} x {n}) | {m} | {cublas:.2f} | {timed.get(current, float('nan')):.2f} | "
+                  f"{timed[best]:.2f} | {kind} {best} |", flush=True)
+        best_by_role[role] = {kind: min(t, key=t.get) for kind, t in totals.items()
+                              if any(0 < v < float("inf") for v in t.values())}
+    print("best tile over the row counts:", best_by_role, flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(best_by_role, f)
+
+    cfg = TransformerConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=1, num_attention_heads=16,
+                            num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
+                            max_position_embeddings=16, vocab_size=2048)
+    attn = Attention(cfg).to(dev, torch.bfloat16)
+    rotary = RotaryTable(128, 1e6, 16).to(dev)
+    print("| attention: batch x positions | us per call |")
+    print("|---|---|")
+    for batch, seq in ((1, 2), (1, 1), (4, 1), (8, 1), (8, 2)):
+        qkv = torch.randn(batch * seq, 32 * 128, dtype=torch.bfloat16, device=dev)
+        k = torch.zeros(batch, 8, 16, 128, dtype=torch.bfloat16, device=dev)
+        v = torch.zeros_like(k)
+        pos = torch.arange(seq, device=dev).expand(batch, seq) + (0 if seq == 2 else 9)
+        us = us_per_call(lambda i: triton_layers.attention(qkv, attn, rotary.cos, rotary.sin, pos, k, v), CALLS)
+        print(f"| {batch} x {seq} | {us:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""The code predictor's decoder layers for a few rows, as five Triton kernels per layer, for CUDA.
+
+A frame runs the code predictor's 5 layers 15 times, one or two positions per row. At batch 1 on an H100 such a
+layer was ~13 kernels: four cuBLAS GEMVs (plus split-K reductions) and ~9 small fused kernels (norms, q/k norm
+and rotary, cache writes, attention, SiLU, residual additions) of 1-1.5 us each, with a launch gap between any
+two; the small ones and the gaps were ~40% of a 5 ms frame (docs/performance.md). Here a layer is:
+
+1. input norm + q/k/v projection (the norm in the same pass over the input, the fused weight of layers.py),
+2. q/k norm + rotary + cache write + attention over the frame's few cached positions (one program per row and
+   query head),
+3. output projection + residual addition,
+4. post-attention norm + gate/up projection + SiLU(gate) * up,
+5. down projection + residual addition,
+
+and the stack's final norm rides in the prologue of each head's projection. The matrix products are tl.dot over
+16-row tiles (rows beyond the call's are masked), so a call takes at most MAX_ROWS rows (batch x positions);
+calls of up to GEMV_ROWS rows multiply element by element instead, which keeps more loads in flight.
+Values are rounded to the model's dtype wherever the torch modules hand a tensor on (norm outputs, projections,
+residual sums), and computed in float32 in between. The modules in serving.model.layers stay the definition of
+the maths and the path of every other call; tests run these kernels in Triton's interpreter against them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from serving.model.layers import DecoderStack
+
+MAX_ROWS = 16  # rows (batch x positions) of one call: the matrix products' tile height
+MAX_KEYS = 64  # cached positions one attention program holds at once (the code predictor's cache: 16)
+# Triton's CPU interpreter multiplies bfloat16 tiles wrongly in tl.dot (3.6: raw bits), so there the products
+# take float32 copies of the same values (DOT_F32): a bfloat16 product is exact in float32, the sums are float32
+# either way
+_DOT_F32 = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _norm_matmul_kernel(x_ptr, sxm, norm_ptr, w_ptr, out_ptr, M, K: tl.constexpr, N, eps, GATED: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
+                        DOT_F32: tl.constexpr):
+    """out[:, n] = RMSNorm(x) @ w[n]^T; GATED: w holds gate rows [0, N) then up rows [N, 2N) and
+    out = SiLU(gate) * up. The rows' 1 / RMS is a per-row factor of the product, so it is summed in the same
+    pass over x and applied to the sums (no prologue pass, whose loads would wait one after another).
+    DOT: the products by tl.dot (16-row tiles); else as float32 multiply-adds per element (a few rows: no tile
+    of 16 rows through shared memory)."""
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    dt = out_ptr.dtype.element_ty
+    sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        x = tl.load(x_ptr + rows[:, None] * sxm + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                    other=0.0).to(tl.float32)
+        sq += tl.sum(x * x, axis=1)
+        a = (x * tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(dt)
+        at = cols[:, None] * K + k[None, :]
+        ok = col_ok[:, None] & k_ok[None, :]
+        w = tl.load(w_ptr + at, mask=ok, other=0.0).to(dt)
+        if DOT:
+            if DOT_F32:
+                acc = tl.dot(a.to(tl.float32), tl.trans(w).to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc += tl.sum(a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        if GATED:
+            u = tl.load(w_ptr + N * K + at, mask=ok, other=0.0).to(dt)
+            if DOT:
+                if DOT_F32:
+                    acc_up = tl.dot(a.to(tl.float32), tl.trans(u).to(tl.float32), acc_up, input_precision="ieee")
+                else:
+                    acc_up = tl.dot(a, tl.trans(u), acc_up, input_precision="ieee")
+            else:
+                acc_up += tl.sum(a.to(tl.float32)[:, None, :] * u.to(tl.float32)[None, :, :], axis=2)
+    rstd = tl.rsqrt(sq / K + eps)[:, None]
+    out = (acc * rstd).to(dt)
+    if GATED:
+        gate = out.to(tl.float32)
+        out = ((gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * (acc_up * rstd).to(dt).to(tl.float32)).to(dt)
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _matmul_residual_kernel(x_ptr, w_ptr, res_ptr, out_ptr, M, K: tl.constexpr, N,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
+                            DOT_F32: tl.constexpr):
+    """out = res + x @ w^T (the product rounded to the model dtype first, as a module's output is); DOT as in
+    _norm_matmul_kernel."""
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    dt = out_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        x = tl.load(x_ptr + rows[:, None] * K + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(dt)
+        w = tl.load(w_ptr + cols[:, None] * K + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0).to(dt)
+        if DOT:
+            if DOT_F32:
+                acc = tl.dot(x.to(tl.float32), tl.trans(w).to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    ok = row_ok[:, None] & col_ok[None, :]
+    res = tl.load(res_ptr + rows[:, None] * N + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], (acc.to(dt).to(tl.float32) + res).to(dt), mask=ok)
+
+
+@triton.jit
+def _head_norm_rope(lo, hi, norm_ptr, cos_ptr, sin_ptr, pos, eps, dt, HALF: tl.constexpr):
+    """One head's halves after layers.RMSNorm (over the head) and split-half rotary at `pos`."""
+    d = tl.arange(0, HALF)
+    rstd = tl.rsqrt((tl.sum(lo * lo, axis=0) + tl.sum(hi * hi, axis=0)) / (2 * HALF) + eps)
+    lo = ((lo * rstd).to(dt).to(tl.float32) * tl.load(norm_ptr + d).to(tl.float32)).to(dt).to(tl.float32)
+    hi = ((hi * rstd).to(dt).to(tl.float32) * tl.load(norm_ptr + HALF + d).to(tl.float32)).to(dt).to(tl.float32)
+    c_lo = tl.load(cos_ptr + pos * 2 * HALF + d).to(dt).to(tl.float32)
+    c_hi = tl.load(cos_ptr + pos * 2 * HALF + HALF + d).to(dt).to(tl.float32)
+    s_lo = tl.load(sin_ptr + pos * 2 * HALF + d).to(dt).to(tl.float32)
+    s_hi = tl.load(sin_ptr + pos * 2 * HALF + HALF + d).to(dt).to(tl.float32)
+    out_lo = ((lo * c_lo).to(dt).to(tl.float32) + (-hi * s_lo).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    out_hi = ((hi * c_hi).to(dt).to(tl.float32) + (lo * s_hi).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    return out_lo, out_hi
+
+
+@triton.jit
+def _attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_ptr, spb, spl,
+                      k_ptr, v_ptr, scb, sch, scs, out_ptr, scale, L: tl.constexpr,
+                      HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr, KEYS: tl.constexpr):
+    """Program (row b, query head h): normalises and rotates the keys of the row's L new positions (h's key/value
+    head; the group's first query head caches them and the values), then each new position of h attends to
+    the positions up to its own. All loads are issued up front: the cached positions come from the cache and
+    the new ones from registers, so no load waits for a store."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    D: tl.constexpr = 2 * HALF
+    GROUP: tl.constexpr = HEADS // KV_HEADS
+    g = h // GROUP
+    width = (HEADS + 2 * KV_HEADS) * D
+    dt = k_ptr.dtype.element_ty
+    d = tl.arange(0, HALF)
+    s = tl.arange(0, KEYS)
+    cache = b * scb + g * sch
+    at = cache + s[:, None] * scs + d[None, :]
+    last = tl.load(pos_ptr + b * spb + (L - 1) * spl)
+    known = s[:, None] <= last
+    k_lo = tl.load(k_ptr + at, mask=known, other=0.0).to(tl.float32)
+    k_hi = tl.load(k_ptr + at + HALF, mask=known, other=0.0).to(tl.float32)
+    v_lo = tl.load(v_ptr + at, mask=known, other=0.0).to(tl.float32)
+    v_hi = tl.load(v_ptr + at + HALF, mask=known, other=0.0).to(tl.float32)
+    for t in tl.static_range(L):
+        src = qkv_ptr + (b * L + t) * width
+        pos = tl.load(pos_ptr + b * spb + t * spl)
+        new_lo = tl.load(src + (HEADS + g) * D + d).to(tl.float32)
+        new_hi = tl.load(src + (HEADS + g) * D + HALF + d).to(tl.float32)
+        new_lo, new_hi = _head_norm_rope(new_lo, new_hi, kn_ptr, cos_ptr, sin_ptr, pos, eps, dt, HALF)
+        val_lo = tl.load(src + (HEADS + KV_HEADS + g) * D + d).to(tl.float32)
+        val_hi = tl.load(src + (HEADS + KV_HEADS + g) * D + HALF + d).to(tl.float32)
+        here = (s == pos)[:, None]
+        k_lo = tl.where(here, new_lo[None, :], k_lo)
+        k_hi = tl.where(here, new_hi[None, :], k_hi)
+        v_lo = tl.where(here, val_lo[None, :], v_lo)
+        v_hi = tl.where(here, val_hi[None, :], v_hi)
+        if h % GROUP == 0:
+            tl.store(k_ptr + cache + pos * scs + d, new_lo.to(dt))
+            tl.store(k_ptr + cache + pos * scs + HALF + d, new_hi.to(dt))
+            tl.store(v_ptr + cache + pos * scs + d, val_lo.to(dt))
+            tl.store(v_ptr + cache + pos * scs + HALF + d, val_hi.to(dt))
+    for t in tl.static_range(L):
+        src = qkv_ptr + (b * L + t) * width
+        pos = tl.load(pos_ptr + b * spb + t * spl)
+        q_lo = tl.load(src + h * D + d).to(tl.float32)
+        q_hi = tl.load(src + h * D + HALF + d).to(tl.float32)
+        q_lo, q_hi = _head_norm_rope(q_lo, q_hi, qn_ptr, cos_ptr, sin_ptr, pos, eps, dt, HALF)
+        seen = s <= pos
+        score = (tl.sum(k_lo * q_lo[None, :], axis=1) + tl.sum(k_hi * q_hi[None, :], axis=1)) * scale
+        score = tl.where(seen, score, float("-inf"))
+        p = tl.exp(score - tl.max(score, axis=0))
+        p = p / tl.sum(p, axis=0)
+        dst = out_ptr + (b * L + t) * HEADS * D + h * D
+        tl.store(dst + d, tl.sum(p[:, None] * v_lo, axis=0).to(dt))
+        tl.store(dst + HALF + d, tl.sum(p[:, None] * v_hi, axis=0).to(dt))
+
+
+GEMV_ROWS = 4  # calls of up to this many rows multiply element by element, larger ones by tl.dot
+# tiles (BLOCK_N, BLOCK_K, warps, stages) by role and kind, from benchmarks/fused_layers_bench.py on an H100
+_TILES = {"qkv": {"gemv": (2, 1024, 4, 3), "dot": (32, 128, 4, 3)},
+          "gate_up": {"gemv": (2, 1024, 4, 3), "dot": (32, 128, 4, 3)},
+          "o": {"gemv": (2, 1024, 4, 3), "dot": (16, 256, 4, 4)},
+          "down": {"gemv": (2, 1024, 4, 3), "dot": (16, 256, 4, 4)},
+          "head": {"gemv": (2, 1024, 4, 3), "dot": (16, 256, 4, 3)}}
+
+
+def _launch(m: int, n: int, k: int, role: str) -> dict:
+    """Grid and compile-time arguments of a product of m rows by an n x k weight in `role`; the role's tile is
+    narrowed to small weights (tl.dot needs 16 at least in every dimension)."""
+    dot = m > GEMV_ROWS
+    block_n, block_k, warps, stages = _TILES[role]["dot" if dot else "gemv"]
+    least = 16 if dot else 1
+    block_n = min(block_n, max(least, triton.next_power_of_2(n)))
+    block_k = min(block_k, max(16, triton.next_power_of_2(k)))
+    return dict(grid=(triton.cdiv(n, block_n),), BLOCK_M=MAX_ROWS if dot else triton.next_power_of_2(m),
+                BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot, DOT_F32=_DOT_F32, num_warps=warps, num_stages=stages)
+
+
+def norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor, role: str,
+                gated: bool = False) -> torch.Tensor:
+    """RMSNorm(x) @ weight^T for x [M, K] (rows may be strided), M <= MAX_ROWS; gated: weight is [gate; up]
+    and the result SiLU(gate) * up."""
+    m, k = x.shape
+    n = weight.shape[0] // 2 if gated else weight.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    launch = _launch(m, n, k, role)
+    _norm_matmul_kernel[launch.pop("grid")](x, x.stride(0), norm_weight, weight, out, m, k, n, eps, GATED=gated,
+                                            **launch)
+    return out
+
+
+def matmul_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, role: str) -> torch.Tensor:
+    """residual + x @ weight^T, x [M, K] and residual [M, N] contiguous, M <= MAX_ROWS."""
+    m, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty_like(residual)
+    launch = _launch(m, n, k, role)
+    _matmul_residual_kernel[launch.pop("grid")](x, weight, residual, out, m, k, n, **launch)
+    return out
+
+
+def attention(qkv: torch.Tensor, attn, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+              k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    """Attention.forward after its projection, for the L = M / B new positions of each row: qkv [M, (H+2KV)D]
+    -> [M, H D]; keys and values go into k_cache/v_cache [B, KV, S, D] at `positions` [B, L], and position p
+    attends to the cached positions 0..p."""
+    batch, seq = positions.shape
+    out = torch.empty((qkv.shape[0], attn.num_heads * attn.head_dim), dtype=qkv.dtype, device=qkv.device)
+    _attention_kernel[(batch, attn.num_heads)](
+        qkv, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin, positions, *positions.stride(),
+        k_cache, v_cache, *k_cache.stride()[:3], out, attn.scale, L=seq, HEADS=attn.num_heads,
+        KV_HEADS=attn.num_kv_heads, HALF=attn.head_dim // 2, KEYS=triton.next_power_of_2(k_cache.shape[2]))
+    return out
+
+
+class FusedStack:
+    """A DecoderStack's decode passes through the kernels above (see supports for which stacks and calls)."""
+
+    def __init__(self, stack: DecoderStack):
+        self.stack = stack
+
+    @staticmethod
+    def supports(stack: DecoderStack, cache_len: int) -> bool:
+        """Stacks without attention biases, with head_dim a power of two and a cache of at most MAX_KEYS
+        positions (the code predictor's)."""
+        cfg = stack.cfg
+        d = cfg.head_dim
+        return not cfg.attention_bias and d >= 2 and d & (d - 1) == 0 and cache_len <= MAX_KEYS
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor) -> torch.Tensor:
+        """x [B, L, H] at rope and cache `positions` [B, L] (B L <= MAX_ROWS), each attending to the cached
+        positions up to its own (DecoderStack.forward with mask=None) -> the last layer's output [B, L, H]
+        before the final norm (head() applies it); k_cache/v_cache [layers, B, KV, S, D] are written."""
+        batch, seq, hidden = x.shape
+        if batch * seq > MAX_ROWS:
+            raise ValueError(f"{batch} x {seq} rows exceed the fused layers' {MAX_ROWS}")
+        rotary = self.stack.rotary
+        h = x.reshape(batch * seq, hidden)
+        for i, layer in enumerate(self.stack.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            norm = layer.input_layernorm
+            qkv = norm_matmul(h, norm.weight, norm.eps, attn.fused_weight, "qkv")
+            a = attention(qkv, attn, rotary.cos, rotary.sin, positions, k_cache[i], v_cache[i])
+            h = matmul_residual(a, attn.o_proj.weight, h, "o")
+            norm = layer.post_attention_layernorm
+            a = norm_matmul(h, norm.weight, norm.eps, mlp.fused_weight, "gate_up", gated=True)
+            h = matmul_residual(a, mlp.down_proj.weight, h, "down")
+        return h.view(batch, seq, hidden)
+
+    def head(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The stack's final norm of x [B, H] (rows may be strided) and a bias-free head: [B, V]."""
+        norm = self.stack.norm
+        return norm_matmul(x, norm.weight, norm.eps, weight, "head")

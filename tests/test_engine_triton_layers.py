@@ -1,0 +1,98 @@
+"""The code predictor's fused Triton layers compute what the torch stack computes: the same heads' logits and
+the same cached keys and values, pass after pass (a 2-position first pass, then one position at a time, as a
+frame runs them), in float32 and bfloat16, for 1 to 8 rows; and a talker stage that runs its code predictor
+through them draws the same codes as the stage without them.
+
+CI has no GPU, so the kernels run in Triton's interpreter (TRITON_INTERPRET=1, CPU tensors), in a child process
+since Triton reads the variable when the kernels are decorated.
+"""
+
+import textwrap
+
+import pytest
+
+from tests.triton_interpreter import run_interpreted
+
+pytest.importorskip("triton", reason="triton is a test dependency (scripts/setup.sh --test installs it)")
+
+SCRIPT = textwrap.dedent("""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from serving.engine import triton_layers
+    from serving.engine.checkpoint import resolve_model
+    from serving.engine.engine import EngineConfig
+    from serving.engine.loader import load_stages
+    from serving.engine.request import GenerationRequest, SamplingParams
+    from serving.engine.talker_stage import fused_code_predictor
+    from serving.model.config import TransformerConfig
+    from serving.model.layers import DecoderStack, KVCache
+
+    torch.manual_seed(0)
+    # head_dim 16 of 4 query and 2 key/value heads; widths that are no multiple of the kernels' tiles
+    cfg = TransformerConfig(hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0,
+                            max_position_embeddings=64, vocab_size=40)
+    stack = DecoderStack(cfg, max_positions=16)
+    with torch.no_grad():
+        for p in stack.parameters():
+            p.normal_(0, 0.3)
+    head = torch.randn(40, 48) * 0.3
+    checked = 0
+    for dtype, tol in ((torch.float32, 2e-5), (torch.bfloat16, 4e-2)):  # bfloat16: an ulp or two of the sums
+        model, weight = stack.to(dtype), head.to(dtype)
+        fused = triton_layers.FusedStack(model)
+        for batch in (1, 8):
+            want_cache = KVCache.for_stack(cfg, batch, 16, dtype, "cpu")
+            k, v = torch.full_like(want_cache.k, 9.0), torch.full_like(want_cache.v, 9.0)
+            x = torch.randn(batch, 2, 48).to(dtype)
+            pos = torch.arange(2).expand(batch, 2)  # strided, as the talker stage passes it
+            for _ in range(3):
+                with torch.inference_mode():
+                    want = model(x, pos, want_cache, pos, kv_len=int(pos[0, -1]) + 1, mask=None)
+                    got = fused(x, pos, k, v)
+                    logits = fused.head(got[:, -1], weight)  # strided rows
+                assert logits.dtype == dtype and logits.shape == (batch, 40)
+                torch.testing.assert_close(logits.float(), F.linear(want[:, -1], weight).float(), atol=tol, rtol=tol)
+                n = int(pos[0, -1]) + 1
+                for got_c, want_c in ((k, want_cache.k), (v, want_cache.v)):
+                    torch.testing.assert_close(got_c[..., :n, :].float(), want_c[..., :n, :].float(), atol=tol,
+                                               rtol=tol)
+                    assert (got_c[..., n:, :] == 9).all()  # later positions untouched
+                x, pos = torch.randn(batch, 1, 48).to(dtype), torch.full((batch, 1), n)
+                checked += 1
+    print("passes", checked)
+
+    config = EngineConfig(model=str(resolve_model("tiny-random")), max_batch_size=4, max_model_len=128,
+                          chunk_frames=4, first_chunk_frames=2, left_context_frames=4)
+    runner, _codec, _info = load_stages(config)
+    assert runner.fused_cp is None and runner.fused_cp_rows == 0  # CPU: the torch modules
+
+    def decode(count, frames):
+        reqs = [GenerationRequest(task="CustomVoice", text=t, speaker=s, max_new_tokens=20,
+                                  sampling=SamplingParams(seed=i + 1))
+                for i, (t, s) in enumerate(zip(["Hello there.", "A longer one.", "Short."], ["vivian", "ryan", "dylan"]))]
+        for result in runner.prefill_many(list(enumerate(reqs[:count]))):
+            assert not isinstance(result, Exception)
+        out = np.stack([runner.decode_step(count)[0] for _ in range(frames)])
+        for slot in range(count):
+            runner.release(slot)
+        return out
+
+    expected = {1: decode(1, frames=2), 3: decode(3, frames=1)}  # two frames: the cache is reused across them
+    runner.fused_cp = fused_code_predictor(runner.talker.code_predictor, runner.device, force=True)
+    for tiles in triton_layers._TILES.values():  # wider tiles: the interpreter runs a grid's programs one by one,
+        tiles["gemv"] = (64,) + tiles["gemv"][1:]  # and the heads' 2048 outputs were 1024 programs per call
+    runner.fused_cp_rows = 2  # 1 row fused, 3 rows through the modules
+    np.testing.assert_array_equal(decode(1, frames=2), expected[1])
+    np.testing.assert_array_equal(decode(3, frames=1), expected[3])
+    runner.fused_cp_rows = 8
+    np.testing.assert_array_equal(decode(3, frames=1), expected[3])
+    print("codes equal")
+""")
+
+
+@pytest.mark.slow
+def test_fused_layers_compute_the_torch_stack():
+    out = run_interpreted(SCRIPT)
+    assert "passes 12" in out and "codes equal" in out
