@@ -4,8 +4,9 @@ For each matrix-product role of a fused layer and each row count a frame's code 
 every tile of a small sweep against cuBLAS's plain product (F.linear, which does less: no norm, no epilogue), 20
 calls in a CUDA graph, each call on its own weight (so, as in a frame, the weights come from HBM, not L2); and
 the attention kernel. Prints a table and the best tile per role; a measurement to choose triton_layers._TILES.
+First it compares the fused stack's logits with the torch stack's in bfloat16 (see agreement).
 
-    python benchmarks/fused_layers_bench.py [--rows 1,2,4,8,16] [--json TILES.json]
+    python benchmarks/fused_layers_bench.py [--rows 1,2,4,8,16] [--json TILES.json] [--agreement-only]
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from graph_timing import us_per_call
 
 from serving.engine import triton_layers
 from serving.model.config import TransformerConfig
-from serving.model.layers import Attention, RotaryTable
+from serving.model.layers import Attention, DecoderStack, KVCache, RotaryTable
 
 CALLS = 20
 # role: (K, N of the weight, the call), 0.6B code predictor
@@ -39,10 +40,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="1,2,4,8,16")
     ap.add_argument("--json", help="write the best tile per role here (decode_bench.py --tiles reads it)")
+    ap.add_argument("--agreement-only", action="store_true", help="only compare the fused stack with the torch one")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     dev = torch.device("cuda")
     print(f"device {torch.cuda.get_device_name()}; torch {torch.__version__}")
+    agreement(dev)
+    if args.agreement_only:
+        return
     tiles = {"dot": list(itertools.product((16, 32, 64), (128, 256), (4,), (3, 4))),
              "gemv": list(itertools.product((2, 4, 8), (512, 1024), (4, 8), (3,)))}
     print("| role (K x N) | rows | cuBLAS us | fused, current tile us | best tile us | best tile (n, k, warps, stages) |")
@@ -94,6 +99,38 @@ def main() -> None:
         pos = torch.arange(seq, device=dev).expand(batch, seq) + (0 if seq == 2 else 9)
         us = us_per_call(lambda i: triton_layers.attention(qkv, attn, rotary.cos, rotary.sin, pos, k, v), CALLS)
         print(f"| {batch} x {seq} | {us:.2f} |", flush=True)
+
+
+def agreement(dev: torch.device) -> None:
+    """On the GPU in bfloat16 the fused kernels round differently from cuBLAS and the compiled modules (sums in
+    another order), so their logits differ by bfloat16 noise: a frame's 15 passes of the 0.6B code predictor
+    (random weights, same inputs), the largest logit difference against the logits' spread, and how often
+    both pick the same top code."""
+    cfg = TransformerConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=5, num_attention_heads=16,
+                            num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
+                            max_position_embeddings=16, vocab_size=2048)
+    torch.manual_seed(0)
+    stack = DecoderStack(cfg, max_positions=16).to(dev, torch.bfloat16)
+    head = torch.nn.Linear(1024, 2048, bias=False).to(dev, torch.bfloat16)
+    fused = triton_layers.FusedStack(stack)
+    print("| rows | passes | max logit difference / logit std | same top code |")
+    print("|---|---|---|---|")
+    for batch in (1, 4, 8):
+        cache = KVCache.for_stack(cfg, batch, 16, torch.bfloat16, dev)
+        k, v = torch.zeros_like(cache.k), torch.zeros_like(cache.v)
+        worst, same, total = 0.0, 0, 0
+        x = torch.randn(batch, 2, 1024, dtype=torch.bfloat16, device=dev)
+        pos = torch.arange(2, device=dev).expand(batch, 2)
+        with torch.inference_mode():
+            for _ in range(15):
+                want = head(stack(x, pos, cache, pos, kv_len=int(pos[0, -1]) + 1, mask=None)[:, -1]).float()
+                got = fused.head(fused(x, pos, k, v)[:, -1], head.weight).float()
+                worst = max(worst, ((got - want).abs().max() / want.std()).item())
+                same += (got.argmax(-1) == want.argmax(-1)).sum().item()
+                total += batch
+                x = torch.randn(batch, 1, 1024, dtype=torch.bfloat16, device=dev)
+                pos = pos[:, -1:] + 1
+        print(f"| {batch} | 15 | {worst:.4f} | {same}/{total} |", flush=True)
 
 
 if __name__ == "__main__":
