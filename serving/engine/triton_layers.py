@@ -39,6 +39,19 @@ _DOT_F32 = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
+def _accumulate(acc, a, w, DOT: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc [M, N] + a [M, K] @ w [N, K]^T in float32: by tl.dot (DOT), else by multiply-adds per element."""
+    if DOT:
+        if DOT_F32:
+            acc = tl.dot(a.to(tl.float32), tl.trans(w).to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+    else:
+        acc += tl.sum(a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    return acc
+
+
+@triton.jit
 def _norm_matmul_kernel(x_ptr, sxm, norm_ptr, w_ptr, out_ptr, M, K: tl.constexpr, N, eps, GATED: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                         DOT_F32: tl.constexpr):
@@ -64,23 +77,9 @@ def _norm_matmul_kernel(x_ptr, sxm, norm_ptr, w_ptr, out_ptr, M, K: tl.constexpr
         a = (x * tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(dt)
         at = cols[:, None] * K + k[None, :]
         ok = col_ok[:, None] & k_ok[None, :]
-        w = tl.load(w_ptr + at, mask=ok, other=0.0).to(dt)
-        if DOT:
-            if DOT_F32:
-                acc = tl.dot(a.to(tl.float32), tl.trans(w).to(tl.float32), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc += tl.sum(a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        acc = _accumulate(acc, a, tl.load(w_ptr + at, mask=ok, other=0.0).to(dt), DOT, DOT_F32)
         if GATED:
-            u = tl.load(w_ptr + N * K + at, mask=ok, other=0.0).to(dt)
-            if DOT:
-                if DOT_F32:
-                    acc_up = tl.dot(a.to(tl.float32), tl.trans(u).to(tl.float32), acc_up, input_precision="ieee")
-                else:
-                    acc_up = tl.dot(a, tl.trans(u), acc_up, input_precision="ieee")
-            else:
-                acc_up += tl.sum(a.to(tl.float32)[:, None, :] * u.to(tl.float32)[None, :, :], axis=2)
+            acc_up = _accumulate(acc_up, a, tl.load(w_ptr + N * K + at, mask=ok, other=0.0).to(dt), DOT, DOT_F32)
     rstd = tl.rsqrt(sq / K + eps)[:, None]
     out = (acc * rstd).to(dt)
     if GATED:
@@ -106,13 +105,7 @@ def _matmul_residual_kernel(x_ptr, w_ptr, res_ptr, out_ptr, M, K: tl.constexpr, 
         k_ok = k < K
         x = tl.load(x_ptr + rows[:, None] * K + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(dt)
         w = tl.load(w_ptr + cols[:, None] * K + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0).to(dt)
-        if DOT:
-            if DOT_F32:
-                acc = tl.dot(x.to(tl.float32), tl.trans(w).to(tl.float32), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        acc = _accumulate(acc, x, w, DOT, DOT_F32)
     ok = row_ok[:, None] & col_ok[None, :]
     res = tl.load(res_ptr + rows[:, None] * N + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows[:, None] * N + cols[None, :], (acc.to(dt).to(tl.float32) + res).to(dt), mask=ok)
