@@ -10,6 +10,7 @@ lands in requests.jsonl (flushed) right after its request completes.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import threading
 import traceback
@@ -36,6 +37,11 @@ _run: RunDir | None = None  # the worker process's view of the run directory
 def _start_worker(run_path: str) -> None:
     # Ctrl-C reaches the whole process group: it stops the run, not the recording of what finished.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Below the timing process in the scheduler: on a machine with fewer free cores than busy processes (2 cores:
+    # timing, recording, a local server), a completion's decoding must not take a timeslice (~20 ms) from the
+    # reads, which would let a stream's next chunk arrive before the last one is read (one merged stamp).
+    if hasattr(os, "nice"):
+        os.nice(10)
     global _run
     _run = RunDir(Path(run_path))
 
