@@ -12,11 +12,13 @@ two; the small ones and the gaps were ~40% of a 5 ms frame (docs/performance.md)
 4. post-attention norm + gate/up projection + SiLU(gate) * up,
 5. down projection + residual addition,
 
-and the stack's final norm rides in the prologue of each head's projection. The matrix products are tl.dot over
+and the stack's final norm rides with each head's projection. The matrix products are tl.dot over
 16-row tiles (rows beyond the call's are masked), so a call takes at most MAX_ROWS rows (batch x positions);
 calls of up to GEMV_ROWS rows multiply element by element instead, which keeps more loads in flight.
-Values are rounded to the model's dtype wherever the torch modules hand a tensor on (norm outputs, projections,
-residual sums), and computed in float32 in between. The modules in serving.model.layers stay the definition of
+Values are rounded to the model's dtype wherever the torch modules hand a tensor on (projections, q/k norms,
+rotary, residual sums), and computed in float32 in between; an input norm's 1 / RMS, a per-row factor, scales the
+product's sums rather than the norm's output, which is therefore not rounded on its own (bfloat16 noise: the
+logits stay within ~3% of their spread of the modules', docs/performance.md). The modules in serving.model.layers stay the definition of
 the maths and the path of every other call; tests run these kernels in Triton's interpreter against them.
 """
 
