@@ -11,7 +11,8 @@
 #           --codec-graph-memory-gb need
 #   serve   `ttsbench serve` on a random checkpoint written by serving/model/checkpoint.py (--ignore-eos, text
 #           length policy), `ttsbench run` against it over loopback: CustomVoice (custom) and voice clone
-#           (Base checkpoint, clone), short and long sets, at each of LEVELS
+#           (Base checkpoint, clone), short and long sets, at each of LEVELS; each level's server --request-log
+#           and its first-wave / later timeline (benchmarks/request_timeline.py) go in its run directory
 #   peers   the official qwen-tts and faster-qwen3-tts on the same GPU, batch 1 (.peer-bench/run_device.sh:
 #           a local copy of the shared peer-bench recipe with its wheels, git-ignored, never committed)
 #   table   benchmarks/gpu_table.py: one table of everything above
@@ -87,7 +88,8 @@ EOF
       ck=$(checkpoint $type)
       say "serve $task ($SIZE)"
       python3 -c "$TTSBENCH" serve --model "$ck" --load-format dummy --ignore-eos --max-batch-size 128 --max-queue 512 \
-        --max-model-len 1024 --port 8091 --log-level warning ${SERVE_ARGS:-} > "$OUT/serve-$task.log" 2>&1 &
+        --max-model-len 1024 --port 8091 --log-level warning --request-log "$WORK/server-requests.jsonl" \
+        ${SERVE_ARGS:-} > "$OUT/serve-$task.log" 2>&1 &
       pid=$!
       for _ in $(seq 600); do
         curl -sf localhost:8091/health >/dev/null 2>&1 && break
@@ -100,6 +102,7 @@ EOF
         for c in ${LEVELS//,/ }; do
           n=$(( c < 2 ? 4 : 4 * c ))  # 4 per stream: a full-load span long enough to be the steady state
           curl -s localhost:8091/metrics > "$WORK/metrics-before.txt"
+          rm -f "$WORK/server-requests.jsonl"
           ttsbench run --url http://127.0.0.1:8091 --task $task --set $set_ --concurrency $c --num-requests $n \
             --max-new-tokens 900 --warmup 1 --no-save-audio --timeout 240 --out "$WORK/runs/$task-$set_-c$c" \
             --label "$task-$set_-c$c" > "$WORK/run-last.log" 2>&1 || tail -5 "$WORK/run-last.log"
@@ -118,6 +121,11 @@ EOF
           curl -s localhost:8091/metrics > "$WORK/metrics-after.txt"
           [ -d "$WORK/runs/$task-$set_-c$c" ] && python3 benchmarks/engine_phases.py "$WORK/metrics-before.txt" \
             "$WORK/metrics-after.txt" --json "$WORK/runs/$task-$set_-c$c/engine_phases.json"
+          if [ -d "$WORK/runs/$task-$set_-c$c" ] && [ -s "$WORK/server-requests.jsonl" ]; then
+            mv "$WORK/server-requests.jsonl" "$WORK/runs/$task-$set_-c$c/server_requests.jsonl"
+            python3 benchmarks/request_timeline.py "$WORK/runs/$task-$set_-c$c/server_requests.jsonl" \
+              --concurrency $c --warmup 1 --json "$WORK/runs/$task-$set_-c$c/server_timeline.json"
+          fi
         done
       done
       curl -s localhost:8091/metrics | grep -v "^#" | grep -i "ttsbench\|serving\|frames" | head -40 >> "$OUT/serve-$task.log"

@@ -14,7 +14,8 @@ import pytest
 import soundfile as sf
 
 from tests.server_fixtures import ServerThread, post_json
-from serving.engine.engine import PHASES
+from benchmarks.request_timeline import STEPS, split_waves, summarise
+from serving.engine.engine import PHASES, TIMELINE
 
 pytestmark = pytest.mark.slow
 FRAMES = 6  # max_new_tokens of most requests: random weights never end speech, so this is the length
@@ -23,7 +24,7 @@ FRAMES = 6  # max_new_tokens of most requests: random weights never end speech, 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = ServerThread("tiny-random", tmp_path_factory.mktemp("voices"), max_batch_size=8, max_queue=4,
-                       max_codec_batch=4)
+                       max_codec_batch=4, request_log=tmp_path_factory.mktemp("log") / "requests.jsonl")
     yield srv
     srv.stop()
 
@@ -158,6 +159,8 @@ def test_disconnect_frees_the_slot(server):
     assert m["ttsbench_running"] == 0 and m["ttsbench_kv_slots_free"] == 8
     assert m["ttsbench_cancelled_requests_total"] == before + 1
     assert m["ttsbench_frames_generated_total"] < 10_000
+    line = logged(server, lambda r: r["chars"] == len("A long one."))
+    assert line["outcome"] == "cancelled" and 0 < line["frames"] < 200 and "last_frame" not in line["ms"]
 
 
 def test_burst_beyond_the_queue_gets_503_with_retry_after(server):
@@ -212,3 +215,36 @@ def test_metrics_break_requests_down_by_engine_phase(server):
     assert gained["accept"] == 1 and gained["deliver"] == gained["codec_wait"]  # each chunk reached the handler
     m = server.metrics()
     assert all(m[f'ttsbench_engine_phase_seconds_sum{{phase="{phase}"}}'] > 0 for phase in PHASES)
+
+
+def logged(server, match, timeout=10.0) -> dict:
+    """The last --request-log line that `match` accepts (written as its handler ends: after the client's read)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [json.loads(x) for x in server.server.request_log.path.read_text().splitlines()]
+        found = [r for r in lines if match(r)]
+        if found or time.monotonic() > deadline:
+            assert found, lines[-3:]
+            return found[-1]
+        time.sleep(0.05)
+
+
+def test_request_log_gives_each_request_its_timeline(server):
+    """--request-log: one line per request with its milestones (TIMELINE) in ms since arrival, in the order a
+    request meets them, and the batch sizes it met; benchmarks/request_timeline.py summarises such lines."""
+    text = "A timeline, please."
+    status, headers, body = speech(server, input=text, response_format="pcm", stream=True)
+    assert status == 200
+    line = logged(server, lambda r: r["chars"] == len(text))
+    assert line["request_id"] == headers["X-Request-Id"] and line["outcome"] == "ok" and line["frames"] == FRAMES
+    ms = line["ms"]
+    assert set(ms) == set(TIMELINE)
+    first_audio = [name for name in TIMELINE if name != "last_frame"]
+    assert [ms[name] for name in first_audio] == sorted(ms[name] for name in first_audio)
+    assert 0 <= ms["submit"] and ms["first_due"] <= ms["last_frame"] <= ms["end"]
+    assert line["prefill_batch"] >= 1 and line["running"] >= 0 and line["first_codec_batch"] >= 1
+    summary = summarise([line, line])
+    assert set(summary["steps"]) == {name for name, _, _ in STEPS} and summary["steps"]["first_audio"]["n"] == 2
+    assert summary["steps"]["first_audio"]["p50"] == round(ms["first_sent"], 2)
+    waves = split_waves([{"outcome": "ok", "i": i} for i in range(5)] + [{"outcome": "failed"}], 2, warmup=1)
+    assert [r["i"] for r in waves["first wave"]] == [1, 2] and [r["i"] for r in waves["later"]] == [3, 4]

@@ -2,6 +2,7 @@
 
 import http.client
 import json
+import time
 
 import pytest
 
@@ -13,7 +14,8 @@ BODY = {"input": "Hello there, this is a longer sentence.", "voice": "vivian", "
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    server = ServerThread("tiny-random", tmp_path_factory.mktemp("voices"))
+    server = ServerThread("tiny-random", tmp_path_factory.mktemp("voices"),
+                          request_log=tmp_path_factory.mktemp("log") / "requests.jsonl")
     yield server
     server.stop()
 
@@ -47,6 +49,11 @@ def test_raw_pcm_stream_breaks_off_without_its_final_chunk(srv, codec_fails_afte
         resp.read()
     assert len(info.value.partial) == 2 * 1920 * 2  # the first chunk (2 frames of s16le) arrived, then the break
     assert len(codec_fails_after_first_chunk) >= 2
+    deadline = time.monotonic() + 10  # the request log says so too (its line is written as the handler ends)
+    while not srv.server.request_log.path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    line = json.loads(srv.server.request_log.path.read_text().splitlines()[-1])
+    assert line["outcome"] == "failed" and "first_sent" in line["ms"] and line["ms"]["end"] >= line["ms"]["first_sent"]
 
 
 def test_sse_stream_ends_with_an_error_event_and_no_done(srv, codec_fails_after_first_chunk):

@@ -327,6 +327,7 @@ def serve(
     max_codec_batch: int = typer.Option(16, min=1, help="Most streams' chunks one codec call decodes together; more rows per call decode faster per chunk when many streams are due at once, at more graph memory."),
     codec_graph_batches: Optional[str] = typer.Option(None, help="Batch sizes of the codec's CUDA graphs, e.g. 1,4,16 (default: 1, 2, 4, ... up to --max-codec-batch; 'none': codec always eager). Each gets a graph per chunk size streaming produces."),
     codec_graph_memory_gb: Optional[float] = typer.Option(None, min=0, help="Most GPU memory the codec's CUDA graphs may take; the largest buckets are dropped first (and run eagerly). Default: no limit; the startup log and /health list each graph's memory."),
+    request_log: Optional[Path] = typer.Option(None, help="Append one JSON line per finished speech request to this file: its milestones in ms since arrival (admitted, prefilled, first chunk due, its codec call, first chunk sent, ...) and the batch sizes it met. For where a burst's time goes; summarise with benchmarks/request_timeline.py."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
     """Run the reference Qwen3-TTS server (OpenAI- and vllm-omni-compatible /v1/audio/speech)."""
@@ -345,7 +346,7 @@ def serve(
         enforce_eager=enforce_eager, compile=compile_, max_graph_batch=max_graph_batch, ignore_eos=ignore_eos,
         length_policy=length_policy, codec_dtype=codec_dtype, max_codec_batch=max_codec_batch,
         codec_graph_batches=codec_graph_batches,
-        codec_graph_memory_gb=codec_graph_memory_gb)
+        codec_graph_memory_gb=codec_graph_memory_gb, request_log=request_log)
     try:
         serve_forever(options)
     except ValueError as e:  # bad option values, unknown model, offline without a cached checkpoint

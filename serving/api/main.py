@@ -43,6 +43,7 @@ class ServeOptions:
     max_codec_batch: int = 16
     codec_graph_batches: str | None = None  # "1,2,4,8,16", or "none"
     codec_graph_memory_gb: float | None = None
+    request_log: Path | None = None  # one JSON line per finished speech request (serving/api/request_log.py)
 
 
 def build_server(options: ServeOptions) -> SpeechServer:
@@ -64,7 +65,8 @@ def build_server(options: ServeOptions) -> SpeechServer:
     check_placement(config)  # a bad device or dtype fails here, before the server listens
     voices_dir = options.voices_dir or cache_root() / "voices" / _safe(name)
     names = tuple(dict.fromkeys((name, options.model, str(path), path.name)))
-    return SpeechServer(Engine(config), voices_dir=voices_dir, api_key=options.api_key, served_model_names=names)
+    return SpeechServer(Engine(config), voices_dir=voices_dir, api_key=options.api_key, served_model_names=names,
+                        request_log=options.request_log)
 
 
 def serve_forever(options: ServeOptions) -> None:

@@ -22,6 +22,7 @@ from serving.api import audio
 from serving.api.errors import APIError, bad_request
 from serving.api.metrics import ServerMetrics
 from serving.api.protocol import Capabilities, SpeechRequest, parse_speaker_embedding, parse_speech_request
+from serving.api.request_log import RequestLog
 from serving.api.voices import VoiceError, VoiceStore
 from serving.engine.engine import RequestFailed
 from serving.engine.lru import LRU
@@ -39,8 +40,9 @@ class SpeechServer:
     """Binds an engine (serving.engine.engine.Engine or anything with its interface) to routes."""
 
     def __init__(self, engine, *, voices_dir: Path, api_key: str | None = None,
-                 served_model_names: tuple[str, ...] = ()):
+                 served_model_names: tuple[str, ...] = (), request_log: Path | None = None):
         self.engine = engine
+        self.request_log = RequestLog(request_log) if request_log is not None else None
         self.api_key = api_key
         self.voices_dir = Path(voices_dir)
         self.served_model_names = served_model_names
@@ -275,9 +277,13 @@ class SpeechServer:
             raise APIError(exc.status, str(exc), param="input" if exc.status == 400 else None,
                            code="generation_failed") from None
         finally:
+            outcome = "failed" if stream.error is not None else "ok" if stream.finished else "cancelled"
             if not stream.finished:
                 stream.cancel()
                 self.metrics.cancelled.inc()
+            if self.request_log is not None:
+                stream.mark("end", time.monotonic())
+                self.request_log.write(stream, t_arrival, outcome)
 
     async def _whole_response(self, req: SpeechRequest, stream, headers: dict, t_arrival: float) -> web.Response:
         pieces = []
@@ -328,6 +334,7 @@ class SpeechServer:
                     await response.write(audio.wav_header(None))
                 first = False
             await response.write(audio.sse_delta(pcm) if sse else pcm)
+            stream.mark("first_sent", time.monotonic())
             n_samples += len(chunk)
         if first:  # no audio at all (end of speech at once): still a valid, empty stream
             await response.prepare(request)

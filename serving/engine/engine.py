@@ -28,6 +28,20 @@ from serving.model.config import GenerationDefaults
 
 log = logging.getLogger("serving.engine")
 
+# A request's milestones in the order it meets them, each the monotonic time it first happened (--request-log).
+TIMELINE = {
+    "submit": "the handler hands the request to the engine",
+    "admitted": "it takes a KV slot; its prefill starts (with the others admitted at once)",
+    "prefilled": "its prefill is done",
+    "first_due": "the frames of its first chunk are all generated",
+    "first_codec_start": "the codec call of its first chunk starts",
+    "first_codec_end": "that call's waveforms are on the host",
+    "first_taken": "its HTTP handler takes the first chunk",
+    "first_sent": "(server) the handler has written the first chunk",
+    "last_frame": "its last frame is generated",
+    "end": "(server) the response is complete, failed, or its client left",
+}
+
 # Where a request's time goes, in the order a request meets them, each observed in seconds through
 # Engine.observe (the server exports them as the histogram ttsbench_engine_phase_seconds): first audio =
 # accept + queue + prefill + first_frames + codec_wait + codec_call + deliver of its first chunk, plus the
@@ -127,11 +141,20 @@ class RequestStream:
         self.frames = 0
         self.finished = False  # every chunk was delivered
         self.cancelled = False
+        self.error: Exception | None = None  # why the engine failed it
         self.slot: int | None = None
         self.max_frames = request.max_new_tokens  # lowered at prefill when the prompt leaves less room
         self.codec: CodecStream | None = None
         self.t_submit = time.monotonic()
         self.t_prefilled: float | None = None  # its prefill ended (phase "first_frames" starts)
+        # Its way through the engine for --request-log: monotonic time of each milestone (TIMELINE), and the
+        # batch sizes it met (prefill_batch: requests prefilled together, running: rows decoding when it was
+        # admitted, first_codec_batch: rows of the codec call of its first chunk).
+        self.marks: dict[str, float] = {"submit": self.t_submit}
+        self.batches: dict[str, int] = {}
+
+    def mark(self, name: str, at: float) -> None:
+        self.marks.setdefault(name, at)
 
     def __aiter__(self):
         return self
@@ -139,13 +162,16 @@ class RequestStream:
     async def __anext__(self) -> np.ndarray:
         item = await self.queue.get()
         if isinstance(item, tuple):  # (waveform, when it was ready)
-            self.engine.observe("deliver", time.monotonic() - item[1])
+            now = time.monotonic()
+            self.engine.observe("deliver", now - item[1])
+            self.mark("first_taken", now)
             return item[0]
         if item is None:
             self.finished = True
             raise StopAsyncIteration
         if isinstance(item, Exception):
             self.finished = True
+            self.error = item
             raise item
         return item
 
@@ -319,10 +345,12 @@ class Engine:
             if ended[slot] or stream.frames >= stream.max_frames:
                 self._release(stream)
                 stream.codec.finished = True
+                stream.mark("last_frame", now)
             if stream.codec.due_since is None and stream.codec.due():
                 stream.codec.due_since = now
                 if stream.codec.decoded_frames == 0:
                     self.observe("first_frames", now - stream.t_prefilled)
+                    stream.mark("first_due", now)
         self._frames_total += dealt
         self._recent_frames.append((now, dealt))
         self._wake_codec.set()
@@ -337,9 +365,12 @@ class Engine:
         """Prefill the admitted requests in one call to the talker thread, then hand each its codec stream."""
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
+        running = self.scheduler.num_running - len(admitted)
         for slot, stream in admitted:
             stream.slot = slot
             self.observe("queue", t0 - stream.t_submit)
+            stream.mark("admitted", t0)
+            stream.batches.update(prefill_batch=len(admitted), running=running)
         try:
             results = await loop.run_in_executor(self._talker_pool, self.runner.prefill_many,
                                                  [(slot, stream.request) for slot, stream in admitted])
@@ -354,6 +385,7 @@ class Engine:
                 continue
             context, stream.max_frames = result
             stream.t_prefilled = done
+            stream.mark("prefilled", done)
             stream.codec = CodecStream(
                 first_chunk_frames=stream.request.first_chunk_frames or self.config.first_chunk_frames,
                 chunk_frames=self.config.chunk_frames,
@@ -398,6 +430,9 @@ class Engine:
             t0 = time.monotonic()
             for s in batch:
                 self.observe("codec_wait", t0 - s.codec.due_since)
+                if s.codec.decoded_frames == 0:
+                    s.mark("first_codec_start", t0)
+                    s.batches["first_codec_batch"] = len(batch)
             chunks = [s.codec.take_chunk() for s in batch]
             for s in batch:  # frames that came in meanwhile may already make the next chunk due
                 s.codec.due_since = t0 if s.codec.due() else None
@@ -411,6 +446,7 @@ class Engine:
                 continue
             out_at = time.monotonic()
             for stream, wav in zip(batch, wavs):
+                stream.mark("first_codec_end", out_at)
                 stream.codec.delivered(out_at, len(wav) / SAMPLE_RATE)
                 if not stream.cancelled:
                     stream.queue.put_nowait((wav, out_at))
