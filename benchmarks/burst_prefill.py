@@ -1,0 +1,118 @@
+"""Where a burst's prefill goes: N requests admitted together, as a closed-loop level's first wave is.
+
+    python benchmarks/burst_prefill.py --model DIR [--bursts 8,31,127] [--sets short,long] [--json OUT.json]
+                                       [--profile OUT.txt]
+
+The server's request log (benchmarks/request_timeline.py) shows the first wave of a c=32 or c=128 level waiting
+on one prefill of all its prompts; this times that call (TalkerRunner.prefill_many, CUDA synchronised) and its
+parts on a warmed runner, with the texts of the built-in sets: building the prompts, the talker's pass over
+them with the copies into the slots' caches, the slots' setup, and the rest. Each cell is the median of --reps
+calls (each part synchronised on its own, so the parts add up to a little more than an unobserved call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--bursts", default="8,31,127")
+    ap.add_argument("--sets", default="short,long")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--profile", type=Path, help="Profile the last set's largest burst by operator (host time).")
+    args = ap.parse_args()
+
+    from serving.engine.checkpoint import resolve_model
+    from serving.engine.engine import EngineConfig
+    from serving.engine.loader import load_stages
+    from serving.engine.request import GenerationRequest
+    from ttsbench.datasets import load_set
+
+    bursts = [int(b) for b in args.bursts.split(",")]
+    config = EngineConfig(model=str(resolve_model(args.model)), load_format="dummy", max_batch_size=max(bursts), max_model_len=1024,
+                          ignore_eos=True)
+    runner, _codec, _info = load_stages(config)
+    runner.warmup()
+    cache = runner._voice_cache_lookup
+
+    def sync() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    def sync_ms(fn) -> float:
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        return (time.perf_counter() - t0) * 1e3
+
+    parts = {"build": 0.0, "pass": 0.0, "slots": 0.0}
+    real_build, real_groups, real_init = runner.prompts.build, runner._prefill_groups, runner._init_slot
+
+    def timed_build(*a, **k):
+        t0 = time.perf_counter()
+        out = real_build(*a, **k)
+        sync()
+        parts["build"] += (time.perf_counter() - t0) * 1e3
+        return out
+
+    def timed_groups(built):
+        parts["pass"] += sync_ms(lambda: real_groups(built))
+
+    def timed_init(*a):
+        parts["slots"] += sync_ms(lambda: real_init(*a))
+
+    runner.prompts.build, runner._prefill_groups, runner._init_slot = timed_build, timed_groups, timed_init
+    rows = []
+    for set_name in args.sets.split(","):
+        items = load_set(set_name)
+        for n in bursts:
+            texts = [items[i % len(items)].text for i in range(n)]
+            reqs = [GenerationRequest(task="CustomVoice", text=t, speaker="vivian", max_new_tokens=900) for t in texts]
+            cells = []
+            for rep in range(args.reps + 1):  # the first call of each shape is not counted
+                for slot in range(n):
+                    runner.release(slot)
+                parts.update(build=0.0, slots=0.0)
+                parts["pass"] = 0.0
+                total = sync_ms(lambda: runner.prefill_many(list(enumerate(reqs))))
+                if rep:
+                    cells.append((total, parts["build"], parts["pass"] - parts["slots"], parts["slots"]))
+            positions = [real_build(r, cache)[0].prefill.shape[0] for r in reqs]
+            total, build, pass_, slots = (statistics.median(c[i] for c in cells) for i in range(4))
+            row = {"set": set_name, "burst": n, "positions_mean": round(sum(positions) / n, 1),
+                   "positions_max": max(positions), "total_ms": round(total, 2), "build_ms": round(build, 2),
+                   "pass_ms": round(pass_, 2), "slots_ms": round(slots, 2),
+                   "rest_ms": round(total - build - pass_ - slots, 2)}
+            rows.append(row)
+            print(f"  {set_name:5s} burst {n:3d}: {row['positions_mean']:.0f} positions mean ({row['positions_max']} "
+                  f"max)  prefill_many {total:7.1f} ms = build {build:6.1f} + pass {pass_:6.1f} + slot setup "
+                  f"{slots:5.1f} + rest {row['rest_ms']:5.1f}  ({total / n:.2f} ms per request)", flush=True)
+            if args.profile and set_name == args.sets.split(",")[-1] and n == bursts[-1]:
+                from torch.profiler import ProfilerActivity, profile
+
+                runner.prompts.build, runner._prefill_groups, runner._init_slot = real_build, real_groups, real_init
+                for slot in range(n):
+                    runner.release(slot)
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    runner.prefill_many(list(enumerate(reqs)))
+                    sync()
+                table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25,
+                                                  max_name_column_width=60)
+                args.profile.write_text(table)
+                print(table)
+    if args.json:
+        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
