@@ -56,7 +56,7 @@ def main() -> None:
         return (time.perf_counter() - t0) * 1e3
 
     parts = {"build": 0.0, "pass": 0.0, "slots": 0.0}
-    real_build, real_groups, real_init = runner.prompts.build, runner._prefill_groups, runner._init_slot
+    real_build, real_groups, real_init = runner.prompts.build, runner._prefill_groups, runner._init_slots
 
     def timed_build(*a, **k):
         t0 = time.perf_counter()
@@ -71,7 +71,7 @@ def main() -> None:
     def timed_init(*a):
         parts["slots"] += sync_ms(lambda: real_init(*a))
 
-    runner.prompts.build, runner._prefill_groups, runner._init_slot = timed_build, timed_groups, timed_init
+    runner.prompts.build, runner._prefill_groups, runner._init_slots = timed_build, timed_groups, timed_init
     rows = []
     for set_name in args.sets.split(","):
         items = load_set(set_name)
@@ -100,7 +100,7 @@ def main() -> None:
             if args.profile and set_name == args.sets.split(",")[-1] and n == bursts[-1]:
                 from torch.profiler import ProfilerActivity, profile
 
-                runner.prompts.build, runner._prefill_groups, runner._init_slot = real_build, real_groups, real_init
+                runner.prompts.build, runner._prefill_groups, runner._init_slots = real_build, real_groups, real_init
                 for slot in range(n):
                     runner.release(slot)
                 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -145,3 +145,21 @@ def test_clone_request_errors(base, cv):
         cv.create_voice_clone_prompt(np.zeros(2400, np.float32), 24000, x_vector_only=True)
     with pytest.raises(TypeError, match="unknown generation parameters"):
         base.generate("Hi", speaker_embedding=torch.zeros(64), beams=4)
+
+
+def test_prompt_pieces_are_memoised_until_the_weights_change(tmp_path):
+    """The builder embeds the pieces every prompt shares once; a prompt built from the memo equals one built
+    anew, and weights changed in place (a new version) clear the memo."""
+    tts = Qwen3TTS.load(write_checkpoint(tmp_path / "cv", "tiny", "custom_voice", seed=5), dtype="float32")
+    req = SynthesisRequest(text="Memo, memo.", task="custom_voice", speaker="serena", language="english")
+    first = tts.prompts.build(req).prefill
+    assert tts.prompts._memo_cache  # the shared pieces are held now
+    assert torch.equal(tts.prompts.build(req).prefill, first)
+    fresh = type(tts.prompts)(tts.cfg, tts.model.talker, tts.prompts.tokenizer)
+    assert torch.equal(fresh.build(req).prefill, first)
+    with torch.no_grad():
+        tts.model.talker.model.codec_embedding.weight.mul_(2.0)
+        tts.model.talker.model.text_embedding.weight.add_(0.5)
+    changed = tts.prompts.build(req).prefill
+    fresh = type(tts.prompts)(tts.cfg, tts.model.talker, tts.prompts.tokenizer)
+    assert not torch.allclose(changed, first) and torch.equal(changed, fresh.build(req).prefill)

@@ -113,6 +113,8 @@ class PromptBuilder:
 
     def __init__(self, cfg: ModelConfig, talker: Talker, tokenizer):
         self.cfg, self.talker, self.tokenizer = cfg, talker, tokenizer
+        self._memo_cache: dict[tuple, torch.Tensor] = {}
+        self._memo_stamp: tuple = ()
 
     def tokenize(self, text: str) -> torch.Tensor:
         ids = self.tokenizer(text, return_tensors="pt")["input_ids"]
@@ -122,8 +124,29 @@ class PromptBuilder:
     def _device(self) -> torch.device:
         return self.talker.codec_head.weight.device
 
+    def _memo(self, key: tuple, compute) -> torch.Tensor:
+        """The embedding of a piece every prompt of its kind shares (special tokens, codec tags, a speaker, the
+        role prefix), computed once: the same ops on the same ids, so the same values. A served burst builds
+        dozens of prompts in one call, and each piece was a few small kernels and a synchronising copy of its
+        ids. Weights changed in place or moved (a new version or storage) clear the memo."""
+        emb = (self.talker.model.text_embedding.weight, self.talker.model.codec_embedding.weight,
+               *self.talker.text_projection.parameters())
+        stamp = tuple((p.data_ptr(), p._version) for p in emb)
+        if stamp != self._memo_stamp:
+            self._memo_cache.clear()
+            self._memo_stamp = stamp
+        value = self._memo_cache.get(key)
+        if value is None:
+            value = self._memo_cache[key] = compute()
+        return value
+
     def _codec(self, ids: list[int]) -> torch.Tensor:
-        return self.talker.embed_codec(torch.tensor([ids], device=self._device))  # [1, n, H]
+        """C(ids) [1, n, H] of control ids (tags, speakers, pad, bos), memoised."""
+        return self._memo(("codec", *ids), lambda: self.talker.embed_codec(torch.tensor([ids], device=self._device)))
+
+    def _codec_run(self, codec_id: int, n: int) -> torch.Tensor:
+        """C(codec_id) repeated n times, [1, n, H] (a view: adding it equals adding the materialised run)."""
+        return self._codec([codec_id]).expand(-1, n, -1)
 
     @torch.no_grad()
     def build(self, req: SynthesisRequest) -> Prompt:
@@ -132,7 +155,8 @@ class PromptBuilder:
         non_streaming = req.non_streaming_text
         if non_streaming is None:
             non_streaming = req.task != "voice_clone"
-        input_id = self.tokenize(assistant_text(req.text))
+        host_ids = self.tokenizer(assistant_text(req.text), return_tensors="pt")["input_ids"]
+        input_id = host_ids.to(self._device)
         parts = []
         instruct = req.instruct
         if req.task == "custom_voice" and cfg.drops_instruct:
@@ -148,21 +172,28 @@ class PromptBuilder:
         tags = ([t.codec_nothink_id, t.codec_think_bos_id, t.codec_think_eos_id] if language_id is None
                 else [t.codec_think_id, t.codec_think_bos_id, language_id, t.codec_think_eos_id])
 
-        special = talker.embed_text(torch.tensor([[cfg.tts_bos_token_id, cfg.tts_eos_token_id,
-                                                   cfg.tts_pad_token_id]], device=self._device))
+        special_ids = (cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id)
+        special = self._memo(("text", *special_ids), lambda: talker.embed_text(
+            torch.tensor([special_ids], device=self._device)))
         tts_bos, tts_eos, tts_pad = special.chunk(3, dim=1)  # 3 x [1, 1, H]
 
-        codec = [self._codec(tags)]
-        if req.task == "custom_voice":
-            codec.append(talker.embed_codec(torch.tensor(t.spk_id[speaker], device=self._device)).view(1, 1, -1))
-        elif req.task == "voice_clone":
-            dtype = talker.codec_head.weight.dtype
-            codec.append(req.speaker_embedding.to(self._device, dtype).view(1, 1, -1))
-        codec.append(self._codec([t.codec_pad_id, t.codec_bos_id]))
-        codec = torch.cat(codec, dim=1)
+        def header(speaker_part: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+            """The codec track of the tags, speaker, pad, bos ([1, n, H]), and the prompt part it makes."""
+            codec = [self._codec(tags)] + ([speaker_part] if speaker_part is not None else [])
+            codec = torch.cat(codec + [self._codec([t.codec_pad_id, t.codec_bos_id])], dim=1)
+            return codec, torch.cat((tts_pad.expand(-1, codec.shape[1] - 2, -1), tts_bos), dim=1) + codec[:, :-1]
 
-        parts.append(talker.embed_text(input_id[:, :3]))
-        parts.append(torch.cat((tts_pad.expand(-1, codec.shape[1] - 2, -1), tts_bos), dim=1) + codec[:, :-1])
+        if req.task == "voice_clone":
+            dtype = talker.codec_head.weight.dtype
+            codec, head = header(req.speaker_embedding.to(self._device, dtype).view(1, 1, -1))
+        else:
+            spk = t.spk_id[speaker] if req.task == "custom_voice" else None
+            codec, head = self._memo(("header", *tags, spk), lambda: header(
+                None if spk is None else self._codec([spk])))
+
+        role = host_ids[0, :3].tolist()
+        parts.append(self._memo(("text", *role), lambda: talker.embed_text(input_id[:, :3])))
+        parts.append(head)
 
         if req.icl:
             body, trailing = self._icl_body(req, input_id, tts_pad, tts_eos, non_streaming)
@@ -170,8 +201,8 @@ class PromptBuilder:
         elif non_streaming:
             text = input_id[:, 3:-5]
             parts.append(torch.cat((talker.embed_text(text), tts_eos), dim=1)
-                         + self._codec([t.codec_pad_id] * (text.shape[1] + 1)))
-            parts.append(tts_pad + self._codec([t.codec_bos_id]))
+                         + self._codec_run(t.codec_pad_id, text.shape[1] + 1))
+            parts.append(self._memo(("pad+bos",), lambda: tts_pad + self._codec([t.codec_bos_id])))
             trailing = tts_pad[:, :0]
         else:
             parts.append(talker.embed_text(input_id[:, 3:4]) + codec[:, -1:])
@@ -186,7 +217,7 @@ class PromptBuilder:
         codec_embed = torch.cat((self._codec([t.codec_bos_id]), talker.embed_frame(ref_codes)[None]), dim=1)
         text_len, codec_len = text_embed.shape[1], codec_embed.shape[1]
         if non_streaming:
-            body = torch.cat((text_embed + self._codec([t.codec_pad_id] * text_len), codec_embed + tts_pad), dim=1)
+            body = torch.cat((text_embed + self._codec_run(t.codec_pad_id, text_len), codec_embed + tts_pad), dim=1)
             return body, tts_pad[:, :0]
         if text_len > codec_len:
             return text_embed[:, :codec_len] + codec_embed, text_embed[:, codec_len:]
