@@ -2,6 +2,7 @@
 
 import base64
 import concurrent.futures as cf
+import gc
 import http.client
 import io
 import json
@@ -50,6 +51,7 @@ def test_health_models_and_metrics(server):
     assert "vivian" in models["data"][0]["speakers"]
     m = server.metrics()
     assert m["ttsbench_kv_slots_total"] == 8 and "ttsbench_queue_depth" in m
+    assert gc.get_freeze_count() > 10_000  # the loaded, warmed engine's objects are out of the collector's reach
 
 
 def test_every_format_non_streaming(server):

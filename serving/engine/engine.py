@@ -9,6 +9,7 @@ and finished requests leave (their KV slot is free for the very next step) and w
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 import time
@@ -214,6 +215,11 @@ class Engine:
         await loop.run_in_executor(self._codec_pool, self.codec.warmup,
                                    (self.config.first_chunk_frames, self.config.chunk_frames))
         self.info = replace(self.info, codec_graphs=self.codec.graph_report)
+        # Loading, compiling and capturing leave millions of long-lived Python objects; a full collection that
+        # scans them all stalls every thread for hundreds of ms, mid-burst. Moved out of the collector's reach,
+        # they cost nothing; what serving allocates is still collected.
+        gc.collect()
+        gc.freeze()
         self._tasks = [loop.create_task(self._talker_loop(), name="talker"),
                        loop.create_task(self._codec_loop(), name="codec")]
         self.ready = True
