@@ -82,8 +82,7 @@ def main() -> None:
             for rep in range(args.reps + 1):  # the first call of each shape is not counted
                 for slot in range(n):
                     runner.release(slot)
-                parts.update(build=0.0, slots=0.0)
-                parts["pass"] = 0.0
+                parts.update({"build": 0.0, "pass": 0.0, "slots": 0.0})
                 total = sync_ms(lambda: runner.prefill_many(list(enumerate(reqs))))
                 if rep:
                     cells.append((total, parts["build"], parts["pass"] - parts["slots"], parts["slots"]))

@@ -40,9 +40,9 @@ def load(path: Path) -> list[dict]:
 def summarise(records: list[dict]) -> dict:
     """{"n", "steps": {step: {"p50", "p95", "max", "n"}}, "batches": {name: {"mean", "max"}}}; ms."""
     steps = {}
+    marks = [{"arrival": 0.0, **r["ms"]} for r in records]
     for name, start, end in STEPS:
-        values = [(r["ms"][end] - (0.0 if start == "arrival" else r["ms"][start])) for r in records
-                  if end in r["ms"] and (start == "arrival" or start in r["ms"])]
+        values = [ms[end] - ms[start] for ms in marks if start in ms and end in ms]
         if values:
             v = np.asarray(values)
             steps[name] = {"p50": round(float(np.percentile(v, 50)), 2), "p95": round(float(np.percentile(v, 95)), 2),

@@ -24,6 +24,7 @@ FRAMES = 6  # max_new_tokens of most requests: random weights never end speech, 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    gc.unfreeze()  # servers of earlier test modules froze theirs: the check below is this server's
     srv = ServerThread("tiny-random", tmp_path_factory.mktemp("voices"), max_batch_size=8, max_queue=4,
                        max_codec_batch=4, request_log=tmp_path_factory.mktemp("log") / "requests.jsonl")
     yield srv

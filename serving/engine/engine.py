@@ -146,12 +146,10 @@ class RequestStream:
         self.slot: int | None = None
         self.max_frames = request.max_new_tokens  # lowered at prefill when the prompt leaves less room
         self.codec: CodecStream | None = None
-        self.t_submit = time.monotonic()
-        self.t_prefilled: float | None = None  # its prefill ended (phase "first_frames" starts)
-        # Its way through the engine for --request-log: monotonic time of each milestone (TIMELINE), and the
-        # batch sizes it met (prefill_batch: requests prefilled together, running: rows decoding when it was
-        # admitted, first_codec_batch: rows of the codec call of its first chunk).
-        self.marks: dict[str, float] = {"submit": self.t_submit}
+        # Its way through the engine (the phases' starts, and --request-log): monotonic time of each milestone
+        # (TIMELINE), and the batch sizes it met (prefill_batch: requests prefilled together, running: rows
+        # decoding when it was admitted, first_codec_batch: rows of the codec call of its first chunk).
+        self.marks: dict[str, float] = {"submit": time.monotonic()}
         self.batches: dict[str, int] = {}
 
     def mark(self, name: str, at: float) -> None:
@@ -355,7 +353,7 @@ class Engine:
             if stream.codec.due_since is None and stream.codec.due():
                 stream.codec.due_since = now
                 if stream.codec.decoded_frames == 0:
-                    self.observe("first_frames", now - stream.t_prefilled)
+                    self.observe("first_frames", now - stream.marks["prefilled"])
                     stream.mark("first_due", now)
         self._frames_total += dealt
         self._recent_frames.append((now, dealt))
@@ -374,7 +372,7 @@ class Engine:
         running = self.scheduler.num_running - len(admitted)
         for slot, stream in admitted:
             stream.slot = slot
-            self.observe("queue", t0 - stream.t_submit)
+            self.observe("queue", t0 - stream.marks["submit"])
             stream.mark("admitted", t0)
             stream.batches.update(prefill_batch=len(admitted), running=running)
         try:
@@ -390,7 +388,6 @@ class Engine:
                 self._fail(stream, result if isinstance(result, RequestFailed) else RequestFailed(str(result), 400))
                 continue
             context, stream.max_frames = result
-            stream.t_prefilled = done
             stream.mark("prefilled", done)
             stream.codec = CodecStream(
                 first_chunk_frames=stream.request.first_chunk_frames or self.config.first_chunk_frames,
@@ -465,7 +462,7 @@ class Engine:
             return True
         if stream.codec.done:
             stream.queue.put_nowait(None)
-            self._recent_e2e.append(time.monotonic() - stream.t_submit)
+            self._recent_e2e.append(time.monotonic() - stream.marks["submit"])
             self.codec.release(stream.codec)
             return True
         return False

@@ -283,32 +283,32 @@ class TalkerRunner:
                           for i, (slot, request, prompt) in enumerate(group)])
 
     def _init_slots(self, entries: list) -> None:
-        """Set up the slots of prefilled requests, (slot, request, prompt, last hidden) each: their per-slot state
-        goes in one write per tensor for all of them (a burst of 127 took ~16 small writes per slot, 30-40 ms)."""
-        slots = [e[0] for e in entries]
-        idx = torch.tensor(slots, device=self.device)
-        ints, floats, flags = [], [], []
-        for slot, request, prompt, _ in entries:
-            length, t, sp = prompt.prefill.shape[0], prompt.trailing.shape[0], request.sampling
+        """Set up the slots of prefilled requests, (slot, request, prompt, last hidden) each: each per-slot tensor
+        gets one write for all of them (a burst of 127 took ~16 small writes per slot, 30-40 ms)."""
+        idx = torch.tensor([e[0] for e in entries], device=self.device)
+        sps = [e[1].sampling for e in entries]
+        lengths = [e[2].prefill.shape[0] for e in entries]
+        trailing = [e[2].trailing.shape[0] for e in entries]
+        for (slot, _, prompt, _), length, t, sp in zip(entries, lengths, trailing, sps):
             if t:
                 self.trailing[slot, :t] = prompt.trailing.to(device=self.device, dtype=self.dtype)
             self.lengths[slot] = length
-            ints.append((length, t, sp.seed, sp.top_k, sp.subtalker_top_k))
-            floats.append((sp.repetition_penalty, sp.temperature, sp.top_p, sp.subtalker_temperature,
-                           sp.subtalker_top_p))
-            flags.append((sp.do_sample, sp.subtalker_do_sample))
             self.candidate_ok[slot] = (eligible(sp.do_sample, sp.top_k, sp.top_p)
                                        and eligible(sp.subtalker_do_sample, sp.subtalker_top_k, sp.subtalker_top_p))
-        ints = torch.tensor(ints, dtype=torch.int64).to(self.device)
-        floats = torch.tensor(floats, dtype=torch.float32).to(self.device)
-        flags = torch.tensor(flags, dtype=torch.bool).to(self.device)
+        tp, cp = self.talker_params, self.cp_params
+        columns = (
+            (self.pos, lengths), (self.trailing_len, trailing), (self.seed, [sp.seed for sp in sps]),
+            (self.rep_penalty, [sp.repetition_penalty for sp in sps]),
+            (tp.do_sample, [sp.do_sample for sp in sps]), (tp.temperature, [sp.temperature for sp in sps]),
+            (tp.top_k, [sp.top_k for sp in sps]), (tp.top_p, [sp.top_p for sp in sps]),
+            (cp.do_sample, [sp.subtalker_do_sample for sp in sps]),
+            (cp.temperature, [sp.subtalker_temperature for sp in sps]),
+            (cp.top_k, [sp.subtalker_top_k for sp in sps]), (cp.top_p, [sp.subtalker_top_p for sp in sps]),
+        )
+        for target, values in columns:
+            target[idx] = torch.tensor(values, dtype=target.dtype).to(self.device)
         self.hidden[idx] = torch.stack([e[3] for e in entries]).to(self.hidden.dtype)
-        self.pos[idx], self.trailing_len[idx], self.seed[idx] = ints[:, 0], ints[:, 1], ints[:, 2]
         self.active[idx], self.generated[idx], self.seen[idx] = 1, 0, False
-        self.rep_penalty[idx] = floats[:, 0]
-        for params, k, f, b in ((self.talker_params, 3, 1, 0), (self.cp_params, 4, 3, 1)):
-            params.do_sample[idx], params.top_k[idx] = flags[:, b], ints[:, k]
-            params.temperature[idx], params.top_p[idx] = floats[:, f], floats[:, f + 1]
 
     def _voice_cache_lookup(self, key: str | None, compute):
         """Speaker embedding and reference codes of uploaded voices are computed once per voice."""

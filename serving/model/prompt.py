@@ -132,17 +132,20 @@ class PromptBuilder:
         """The embedding of a piece every prompt of its kind shares (special tokens, codec tags, a speaker, the
         role prefix), computed once: the same ops on the same ids, so the same values. A served burst builds
         dozens of prompts in one call, and each piece was a few small kernels and a synchronising copy of its
-        ids. Weights changed in place or moved (a new version or storage) clear the memo."""
+        ids. build() checks first that the weights are the memo's (_check_memo)."""
+        value = self._memo_cache.get(key)
+        if value is None:
+            value = self._memo_cache[key] = compute()
+        return value
+
+    def _check_memo(self) -> None:
+        """Weights changed in place or moved (a new version or storage) clear the memo."""
         emb = (self.talker.model.text_embedding.weight, self.talker.model.codec_embedding.weight,
                *self.talker.text_projection.parameters())
         stamp = tuple((p.data_ptr(), p._version) for p in emb)
         if stamp != self._memo_stamp:
             self._memo_cache.clear()
             self._memo_stamp = stamp
-        value = self._memo_cache.get(key)
-        if value is None:
-            value = self._memo_cache[key] = compute()
-        return value
 
     def _codec(self, ids: list[int]) -> torch.Tensor:
         """C(ids) [1, n, H] of control ids (tags, speakers, pad, bos), memoised."""
@@ -155,6 +158,7 @@ class PromptBuilder:
     @torch.no_grad()
     def build(self, req: SynthesisRequest) -> Prompt:
         validate_request(self.cfg, req)
+        self._check_memo()
         cfg, t, talker = self.cfg, self.cfg.talker, self.talker
         non_streaming = req.non_streaming_text
         if non_streaming is None:
