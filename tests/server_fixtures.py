@@ -80,3 +80,15 @@ def post_json(url: str, body: dict, headers: dict | None = None, timeout: float 
             return resp.status, dict(resp.headers), resp.read()
     except urllib.error.HTTPError as err:
         return err.code, dict(err.headers), err.read()
+
+
+def logged(server: ServerThread, match, timeout: float = 10.0) -> dict:
+    """The last --request-log line that `match` accepts (written as its handler ends: after the client's read)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [json.loads(x) for x in server.server.request_log.path.read_text().splitlines()]
+        found = [r for r in lines if match(r)]
+        if found or time.monotonic() > deadline:
+            assert found, lines[-3:]
+            return found[-1]
+        time.sleep(0.05)

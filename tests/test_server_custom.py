@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.server_fixtures import ServerThread, post_json
+from tests.server_fixtures import ServerThread, logged, post_json
 from benchmarks.request_timeline import STEPS, split_waves, summarise
 from serving.engine.engine import PHASES, TIMELINE
 
@@ -218,18 +218,6 @@ def test_metrics_break_requests_down_by_engine_phase(server):
     assert gained["accept"] == 1 and gained["deliver"] == gained["codec_wait"]  # each chunk reached the handler
     m = server.metrics()
     assert all(m[f'ttsbench_engine_phase_seconds_sum{{phase="{phase}"}}'] > 0 for phase in PHASES)
-
-
-def logged(server, match, timeout=10.0) -> dict:
-    """The last --request-log line that `match` accepts (written as its handler ends: after the client's read)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        lines = [json.loads(x) for x in server.server.request_log.path.read_text().splitlines()]
-        found = [r for r in lines if match(r)]
-        if found or time.monotonic() > deadline:
-            assert found, lines[-3:]
-            return found[-1]
-        time.sleep(0.05)
 
 
 def test_request_log_gives_each_request_its_timeline(server):
