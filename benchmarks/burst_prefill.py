@@ -7,7 +7,9 @@ The server's request log (benchmarks/request_timeline.py) shows the first wave o
 on one prefill of all its prompts; this times that call (TalkerRunner.prefill_many, CUDA synchronised) and its
 parts on a warmed runner, with the texts of the built-in sets: building the prompts, the talker's pass over
 them with the copies into the slots' caches, the slots' setup, and the rest. Each cell is the median of --reps
-calls (each part synchronised on its own, so the parts add up to a little more than an unobserved call).
+calls (each part synchronised on its own, so the parts add up to a little more than an unobserved call); the
+first call of each burst is reported apart, since a server meets each (rows, length) shape for the first time
+as it comes (kernel plans and allocations made per shape).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def main() -> None:
         return (time.perf_counter() - t0) * 1e3
 
     parts = {"build": 0.0, "pass": 0.0, "slots": 0.0}
-    real_build, real_groups, real_init = runner.prompts.build, runner._prefill_groups, runner._init_slots
+    real_build, real_groups, real_init = runner.prompts.build_many, runner._prefill_groups, runner._init_slots
 
     def timed_build(*a, **k):
         t0 = time.perf_counter()
@@ -71,7 +73,7 @@ def main() -> None:
     def timed_init(*a):
         parts["slots"] += sync_ms(lambda: real_init(*a))
 
-    runner.prompts.build, runner._prefill_groups, runner._init_slots = timed_build, timed_groups, timed_init
+    runner.prompts.build_many, runner._prefill_groups, runner._init_slots = timed_build, timed_groups, timed_init
     rows = []
     for set_name in args.sets.split(","):
         items = load_set(set_name)
@@ -79,27 +81,29 @@ def main() -> None:
             texts = [items[i % len(items)].text for i in range(n)]
             reqs = [GenerationRequest(task="CustomVoice", text=t, speaker="vivian", max_new_tokens=900) for t in texts]
             cells = []
-            for rep in range(args.reps + 1):  # the first call of each shape is not counted
+            for _ in range(args.reps + 1):  # the first call of each shape is reported apart: a server meets new shapes
                 for slot in range(n):
                     runner.release(slot)
                 parts.update({"build": 0.0, "pass": 0.0, "slots": 0.0})
                 total = sync_ms(lambda: runner.prefill_many(list(enumerate(reqs))))
-                if rep:
-                    cells.append((total, parts["build"], parts["pass"] - parts["slots"], parts["slots"]))
-            positions = [real_build(r, cache)[0].prefill.shape[0] for r in reqs]
+                cells.append((total, parts["build"], parts["pass"] - parts["slots"], parts["slots"]))
+            positions = [p[0].prefill.shape[0] for p in real_build(reqs, cache)]
+            first, cells = cells[0], cells[1:]
             total, build, pass_, slots = (statistics.median(c[i] for c in cells) for i in range(4))
             row = {"set": set_name, "burst": n, "positions_mean": round(sum(positions) / n, 1),
                    "positions_max": max(positions), "total_ms": round(total, 2), "build_ms": round(build, 2),
                    "pass_ms": round(pass_, 2), "slots_ms": round(slots, 2),
-                   "rest_ms": round(total - build - pass_ - slots, 2)}
+                   "rest_ms": round(total - build - pass_ - slots, 2),
+                   "first_call": dict(zip(("total_ms", "build_ms", "pass_ms", "slots_ms"), (round(f, 2) for f in first)))}
             rows.append(row)
             print(f"  {set_name:5s} burst {n:3d}: {row['positions_mean']:.0f} positions mean ({row['positions_max']} "
                   f"max)  prefill_many {total:7.1f} ms = build {build:6.1f} + pass {pass_:6.1f} + slot setup "
-                  f"{slots:5.1f} + rest {row['rest_ms']:5.1f}  ({total / n:.2f} ms per request)", flush=True)
+                  f"{slots:5.1f} + rest {row['rest_ms']:5.1f}  ({total / n:.2f} ms per request); first call "
+                  f"{first[0]:.1f} = {first[1]:.1f} + {first[2]:.1f} + {first[3]:.1f} + ...", flush=True)
             if args.profile and set_name == args.sets.split(",")[-1] and n == bursts[-1]:
                 from torch.profiler import ProfilerActivity, profile
 
-                runner.prompts.build, runner._prefill_groups, runner._init_slots = real_build, real_groups, real_init
+                runner.prompts.build_many, runner._prefill_groups, runner._init_slots = real_build, real_groups, real_init
                 for slot in range(n):
                     runner.release(slot)
                 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -52,9 +52,9 @@ def main() -> None:
                 slot = i % runner.num_slots
                 runner.release(slot)
                 req = request(text + " " * rep)
-                build = wall(lambda: runner.prompts.build(req, cache))
+                build = wall(lambda: runner.prompts.build_many([req], cache))
                 total = wall(lambda: runner.prefill_many([(slot, req)]))
-                rows.append((rep, len(text), runner.prompts.build(req, cache)[0].prefill.shape[0], build, total))
+                rows.append((rep, len(text), runner.prompts.build_many([req], cache)[0][0].prefill.shape[0], build, total))
         print(f"== {'compiled layers' if compiled else 'eager'}: (repeat, chars, prompt positions, build ms, "
               f"prefill_many ms)")
         for r in rows:

@@ -157,7 +157,7 @@ def test_a_step_launched_past_a_requests_end_never_reaches_the_next_request_in_i
         try:
             alone = await audio(engine, follower())
             first, second = await asyncio.gather(audio(engine, fills_the_slot()), audio(engine, follower()))
-            prompt = engine.runner.prompts.build(fills_the_slot(), lambda key, compute: compute())[0].prefill
+            prompt = engine.runner.prompts.build_many([fills_the_slot()], lambda key, compute: compute())[0][0].prefill
             return alone, first, second, prompt.shape[0]
         finally:
             await engine.shutdown()

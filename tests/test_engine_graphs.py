@@ -121,6 +121,10 @@ def test_batched_prefill_gives_the_codes_of_one_by_one_prefill(runner):
     one_by_one, _ = run(runner, [0, 1, 2], reqs, batched=False)
     batched, _ = run(runner, [0, 1, 2], reqs, batched=True)
     assert np.array_equal(batched, one_by_one)
+    # a burst writes straight into its slots, in any order, over whatever earlier requests left there
+    runner.kv.k.normal_(), runner.kv.v.normal_()
+    spread, _ = run(runner, [5, 0, 3], reqs, batched=True)
+    assert np.array_equal(spread, one_by_one)
 
 
 def test_prefill_many_reports_each_unservable_request_and_serves_the_rest(runner):

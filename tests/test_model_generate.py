@@ -147,6 +147,38 @@ def test_clone_request_errors(base, cv):
         base.generate("Hi", speaker_embedding=torch.zeros(64), beams=4)
 
 
+def test_prompts_built_together_equal_each_built_alone(cv, base):
+    """A burst's prompts are tokenized in one call and copied to the device at once; each equals its prompt built
+    alone, bit for bit, and an unservable request gets its error in its place without failing the others."""
+    hidden = base.cfg.talker.transformer.hidden_size
+    xvec = torch.randn(hidden)
+    codes = torch.randint(0, 64, (5, base.cfg.talker.num_code_groups))
+    for tts, reqs in (
+        (cv, [SynthesisRequest(text="Hello there!", task="custom_voice", speaker="serena", language="english"),
+              SynthesisRequest(text="Streamed text, token by token.", task="custom_voice", speaker="vivian",
+                               language="auto", non_streaming_text=False),
+              SynthesisRequest(text="Nobody.", task="custom_voice", speaker="nobody", language="english"),
+              SynthesisRequest(text="Warmly, please.", task="custom_voice", speaker="eric", language="chinese",
+                               instruct="Speak warmly.")]),
+        (base, [SynthesisRequest(text="Cloned with a reference.", task="voice_clone", language="english",
+                                 speaker_embedding=xvec, ref_codes=codes, ref_text="The reference said this."),
+                SynthesisRequest(text="Only the x-vector.", task="voice_clone", language="german",
+                                 speaker_embedding=xvec),
+                SynthesisRequest(text="", task="voice_clone", speaker_embedding=xvec),
+                SynthesisRequest(text="Non-streaming clone.", task="voice_clone", speaker_embedding=xvec,
+                                 ref_codes=codes, ref_text="Reference.", non_streaming_text=True)]),
+    ):
+        together = tts.prompts.build_many(reqs)
+        for req, got in zip(reqs, together):
+            try:
+                alone = tts.prompts.build(req)
+            except ValueError as exc:
+                assert isinstance(got, ValueError) and str(got) == str(exc)
+                continue
+            assert torch.equal(got.prefill, alone.prefill) and torch.equal(got.trailing, alone.trailing)
+        assert sum(isinstance(p, ValueError) for p in together) == 1
+
+
 def test_prompt_pieces_are_memoised_until_the_weights_change(tmp_path):
     """The builder embeds the pieces every prompt shares once; a prompt built from the memo equals one built
     anew, and weights changed in place (a new version) clear the memo."""

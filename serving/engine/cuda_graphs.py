@@ -107,32 +107,31 @@ class FrameGraphs:
 
 
 class PrefillGraphs:
-    """One request's prefill captured per prompt-length bucket, into a scratch cache row.
+    """One request's prefill captured per prompt-length bucket, written straight into the request's slot.
 
     An uncaptured prefill is ~28 x 20 kernel launches whose host cost (~40 ms on an H100 with compiled layers,
     docs/performance.md) dwarfs its GPU time (~1-3 ms): it was most of a lone request's first-audio latency.
     A prompt is right-padded to its bucket (causal attention: padding after the prompt changes none of its
-    positions), the bucket's graph runs the talker over it into a scratch cache, and the prompt's keys and
-    values are copied into the request's slot (the padding's are not). `run` takes a device other than CUDA
-    too, running the same function eagerly (tests), and returns None for prompts longer than every bucket.
+    positions) and the bucket's graph runs the talker over it into cache positions [0, bucket) of the slot
+    its `rows` buffer names; the padding's keys land past the prompt, where no step reads them (see
+    TalkerRunner._prefill_pass). `run` takes a device other than CUDA too, running the same function eagerly
+    (tests), and returns None for prompts longer than every bucket.
     """
 
     def __init__(self, stack, kv, lengths: tuple[int, ...], device: torch.device, dtype: torch.dtype):
         self.stack = stack  # the talker's DecoderStack
         self.kv = kv  # the engine's KVCache: [layers, slots, heads, max_len, head_dim]
         self.lengths = lengths
-        hidden = stack.cfg.hidden_size
         longest = max(lengths)
-        self.x = torch.zeros(1, longest, hidden, dtype=dtype, device=device)
+        self.x = torch.zeros(1, longest, stack.cfg.hidden_size, dtype=dtype, device=device)
         self.positions = torch.arange(longest, device=device)[None]
-        shape = (kv.k.shape[0], 1, kv.k.shape[2], longest, kv.k.shape[4])
-        self.scratch = CacheView(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        self.rows = torch.zeros(1, 1, dtype=torch.int64, device=device)  # the slot of the next run
         self.graphs = FrameGraphs(self._pass, device) if device.type == "cuda" else None
 
     def _pass(self, length: int, _unused: int = 0) -> tuple[torch.Tensor]:
         positions = self.positions[:, :length]
-        view = CacheView(self.scratch.k[:, :, :, :length], self.scratch.v[:, :, :, :length])
-        return (self.stack(self.x[:, :length], positions, view, positions, kv_len=length, mask=None),)
+        return (self.stack(self.x[:, :length], positions, self.kv, positions, kv_len=length, mask=None,
+                           rows=self.rows),)
 
     def capture_all(self) -> None:
         if self.graphs is not None:
@@ -141,16 +140,15 @@ class PrefillGraphs:
 
     def run(self, prompt: torch.Tensor, slot: int) -> torch.Tensor | None:
         """prompt [L, H] -> the post-norm hidden state of its last position [H]; its keys and values land in
-        cache positions [0, L) of `slot`."""
+        cache positions [0, L) of `slot` (and the padding's up to its bucket)."""
         n = prompt.shape[0]
         bucket = smallest_cover(n, self.lengths)
         if bucket is None:
             return None
         self.x[0, :n] = prompt.to(self.x.dtype)
         self.x[0, n:bucket] = 0
+        self.rows.fill_(slot)
         out = self.graphs.replay(bucket, 0)[0] if self.graphs is not None else self._pass(bucket)[0]
-        self.kv.k[:, slot, :, :n] = self.scratch.k[:, 0, :, :n]
-        self.kv.v[:, slot, :, :n] = self.scratch.v[:, 0, :, :n]
         return out[0, n - 1]  # the graph's output: read before the next run
 
 

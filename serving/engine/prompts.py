@@ -37,9 +37,29 @@ class PromptBuilder:
             return self.model.talker.embed_text(ids)[0, 0]
 
     @torch.inference_mode()
-    def build(self, request: GenerationRequest,
-              cached: Callable[[str | None, Callable[[], tuple]], tuple]) -> tuple[Prompt, np.ndarray]:
-        """(talker prompt, reference codes (n, Q) for the codec's first-chunk context). ValueError if unusable."""
+    def build_many(self, requests: list[GenerationRequest], cached: Callable[[str | None, Callable[[], tuple]], tuple]
+                   ) -> list[tuple[Prompt, np.ndarray] | ValueError]:
+        """For each request, (talker prompt, reference codes (n, Q) for the codec's first-chunk context), or the
+        ValueError that makes it unservable. The talker prompts are built together (one tokenizer call)."""
+        out: list = [None] * len(requests)
+        synthesis = []
+        for i, request in enumerate(requests):
+            try:
+                synthesis.append((i, self._synthesis(request, cached)))
+            except ValueError as exc:
+                out[i] = exc
+        prompts = self.builder.build_many([s for _, s in synthesis])
+        for (i, s), prompt in zip(synthesis, prompts):
+            if isinstance(prompt, ValueError):
+                out[i] = prompt
+                continue
+            codes = (s.ref_codes.cpu().numpy().astype(np.int64) if s.ref_codes is not None
+                     else np.zeros((0, self.num_groups), dtype=np.int64))
+            out[i] = (prompt, codes)
+        return out
+
+    def _synthesis(self, request: GenerationRequest, cached) -> SynthesisRequest:
+        """The model's request: reference audio becomes an x-vector and codes (once per voice, through `cached`)."""
         embedding = ref_codes = None
         if request.task == "Base":
             if request.speaker_embedding is not None:
@@ -49,15 +69,11 @@ class PromptBuilder:
                                               lambda: self._encode_reference(request.ref_audio))
                 if request.x_vector_only:
                     ref_codes = None
-        synthesis = SynthesisRequest(
+        return SynthesisRequest(
             text=request.text, task=MODEL_TASKS[request.task], language=request.language,
             speaker=request.speaker, instruct=request.instructions, speaker_embedding=embedding,
             ref_codes=ref_codes, ref_text=request.ref_text if ref_codes is not None else None,
             non_streaming_text=request.non_streaming_mode)
-        prompt = self.builder.build(synthesis)
-        codes = (ref_codes.cpu().numpy().astype(np.int64) if ref_codes is not None
-                 else np.zeros((0, self.num_groups), dtype=np.int64))
-        return prompt, codes
 
     def _encode_reference(self, audio: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
         if audio is None or self.model.speaker_encoder is None or self.codec_encoder is None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from serving.engine.cuda_graphs import (CacheView, FrameGraphs, PrefillGraphs, make_graph_buckets, make_kv_buckets,
                                        sleep_until, smallest_cover, wait_sleeping)
@@ -209,22 +210,22 @@ class TalkerRunner:
         return results
 
     def _prefill_many(self, items: list[tuple[int, GenerationRequest]]) -> list:
-        results: list = [None] * len(items)
+        results: list = self.prompts.build_many([request for _, request in items], self._voice_cache_lookup)
         built = []
-        for i, (slot, request) in enumerate(items):
-            try:
-                prompt, ref_codes = self.prompts.build(request, self._voice_cache_lookup)
-                length = prompt.prefill.shape[0]
-                # one position to spare: the engine launches a step before it reads the previous one, so a
-                # request that has just ended runs one more frame (discarded), which writes one more key
-                room = self.max_model_len - length - 1
-                if room < 1:
-                    raise ValueError(f"the prompt takes {length} positions, more than --max-model-len "
-                                     f"{self.max_model_len} allows; shorten the input or the reference")
-                if prompt.trailing.shape[0] > self.max_model_len:
-                    raise ValueError("the input text is longer than --max-model-len allows")
-            except ValueError as exc:
-                results[i] = exc
+        for i, ((slot, request), result) in enumerate(zip(items, results)):
+            if isinstance(result, ValueError):
+                continue
+            prompt, ref_codes = result
+            length = prompt.prefill.shape[0]
+            # one position to spare: the engine launches a step before it reads the previous one, so a request
+            # that has just ended runs one more frame (discarded), which writes one more key
+            room = self.max_model_len - length - 1
+            if room < 1:
+                results[i] = ValueError(f"the prompt takes {length} positions, more than --max-model-len "
+                                        f"{self.max_model_len} allows; shorten the input or the reference")
+                continue
+            if prompt.trailing.shape[0] > self.max_model_len:
+                results[i] = ValueError("the input text is longer than --max-model-len allows")
                 continue
             limit = min(request.max_new_tokens, room)
             if self.ignore_eos:
@@ -262,25 +263,21 @@ class TalkerRunner:
             self._prefill_group(group)
 
     def _prefill_group(self, group: list) -> None:
+        """One batched pass over right-padded prompts, written straight into their slots."""
         lengths = [prompt.prefill.shape[0] for _, _, prompt in group]
-        n, longest = len(group), max(lengths)
-        x = torch.zeros(n, longest, self.talker.cfg.transformer.hidden_size, dtype=self.dtype, device=self.device)
-        for i, (_, _, prompt) in enumerate(group):
-            x[i, : lengths[i]] = prompt.prefill.to(device=self.device, dtype=self.dtype)
-        positions = torch.arange(longest, device=self.device).expand(n, longest)
-        if n == 1:  # straight into the slot's cache rows
-            slot = group[0][0]
-            cache = CacheView(self.kv.k[:, slot:slot + 1], self.kv.v[:, slot:slot + 1])
-        else:
-            cache = KVCache.for_stack(self.talker.cfg.transformer, n, longest, self.dtype, self.device)
-        out = self.talker.model(x, positions, cache, positions, kv_len=longest, mask=None)
-        for i, (slot, request, prompt) in enumerate(group):
-            length = lengths[i]
-            if n > 1:
-                self.kv.k[:, slot, :, :length] = cache.k[:, i, :, :length]
-                self.kv.v[:, slot, :, :length] = cache.v[:, i, :, :length]
+        x = pad_sequence([prompt.prefill for _, _, prompt in group], batch_first=True).to(self.device, self.dtype)
+        out = self._prefill_pass(x, [slot for slot, _, _ in group])
         self._init_slots([(slot, request, prompt, out[i, lengths[i] - 1])
                           for i, (slot, request, prompt) in enumerate(group)])
+
+    def _prefill_pass(self, x: torch.Tensor, slots: list[int]) -> torch.Tensor:
+        """The talker over prompts x [n, L, H] from position 0, keys and values into positions [0, L) of `slots`:
+        a row's positions past its own prompt take its padding's keys, which no step reads (a step's mask stops
+        at each row's position, and decoding overwrites them in order). No scratch cache, no copies."""
+        n, length, _ = x.shape
+        positions = torch.arange(length, device=self.device).expand(n, length)
+        rows = torch.tensor(slots, device=self.device)[:, None]
+        return self.talker.model(x, positions, self.kv, positions, kv_len=length, mask=None, rows=rows)
 
     def _init_slots(self, entries: list) -> None:
         """Set up the slots of prefilled requests, (slot, request, prompt, last hidden) each: each per-slot tensor
@@ -470,15 +467,12 @@ class TalkerRunner:
         return torch.stack(codes, dim=1)
 
     def _trace_prefill_shapes(self) -> None:
-        """Prefill passes of one 17-position prompt and of three 19-position ones, on random inputs in a
-        scratch cache: compiles the dynamic-shape prefill graphs before any request arrives."""
-        cfg = self.talker.cfg.transformer
+        """Prefill passes of one 17-position prompt and of three 19-position ones (random inputs, into the first
+        slots; warmup then clears their state): compiles the dynamic-shape prefill graphs before any request
+        arrives."""
         for n, length in ((1, 17), (3, 19), (2, 23)):
-            x = torch.randn(n, length, cfg.hidden_size, dtype=self.dtype, device=self.device)
-            positions = torch.arange(length, device=self.device).expand(n, length)
-            cache = (CacheView(self.kv.k[:, :1], self.kv.v[:, :1]) if n == 1  # as _prefill_group: slot view
-                     else KVCache.for_stack(cfg, n, length, self.dtype, self.device))
-            self.talker.model(x, positions, cache, positions, kv_len=length, mask=None)
+            x = torch.randn(n, length, self.talker.cfg.transformer.hidden_size, dtype=self.dtype, device=self.device)
+            self._prefill_pass(x, list(range(n)))
 
     def warmup(self) -> None:
         """Run every bucket's step once on empty slots (allocations, kernel selection, compilation), and capture

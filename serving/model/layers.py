@@ -12,8 +12,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from serving.model.config import TransformerConfig
+
+# Causal passes over several new positions (prefills) skip cuDNN's attention: it builds an execution plan for
+# every new (rows, length) shape, 50-100 ms each on an H100, and a server's prompt bursts come in every shape
+# (docs/performance.md, eighth pass). Flash attention has no per-shape setup.
+MULTI_TOKEN_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class RMSNorm(nn.Module):
@@ -225,26 +231,33 @@ class Attention(FusedProjections):
         self.fuse()
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, write_pos: torch.Tensor, kv_len: int, mask: torch.Tensor | None) -> torch.Tensor:
-        """x [B, L, H]; k_cache/v_cache [B, KV, S, D], written in place at write_pos [B, L] (cache position of
-        each new token, per row); attends over cache positions [0, kv_len). mask: bool [B, 1, L, kv_len], or
-        None for plain causal attention when the new tokens are the last L of kv_len positions in every row."""
+                v_cache: torch.Tensor, write_pos: torch.Tensor, kv_len: int, mask: torch.Tensor | None,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, L, H]; k_cache/v_cache [S, KV, P, D], written in place at write_pos [B, L] (cache position of
+        each new token, per row) of cache rows `rows` [B, 1] (None: row i of x is cache row i); attends over
+        cache positions [0, kv_len). mask: bool [B, 1, L, kv_len], or None for plain causal attention when the
+        new tokens are the last L of kv_len positions in every row. With several new tokens and no mask, the
+        pass starts at position 0 (kv_len = L: a prefill), so the new keys are all the keys: it attends over
+        them as computed, and any cache rows may take them (a burst's prefill writes straight into its slots)."""
         batch, seq, _ = x.shape
         q, k, v = self.project(x)
         q = self.q_norm(q.view(batch, seq, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(k.view(batch, seq, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = v.view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        rows = torch.arange(batch, device=x.device)[:, None]
+        if rows is None:
+            rows = torch.arange(batch, device=x.device)[:, None]
         k_cache[rows, :, write_pos] = k.transpose(1, 2)
         v_cache[rows, :, write_pos] = v.transpose(1, 2)
-        keys, values = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
         if mask is not None:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True)
+            out = F.scaled_dot_product_attention(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], attn_mask=mask,
+                                                 scale=self.scale, enable_gqa=True)
         elif seq > 1:  # a branch, not is_causal=seq > 1: compiled with dynamic shapes that is a SymBool, a graph break
-            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=self.scale, enable_gqa=True)
+            with sdpa_kernel(MULTI_TOKEN_SDPA):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
         else:
-            out = F.scaled_dot_product_attention(q, keys, values, scale=self.scale, enable_gqa=True)
+            out = F.scaled_dot_product_attention(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], scale=self.scale,
+                                                 enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))
 
 
@@ -273,8 +286,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, write_pos, kv_len, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, write_pos, kv_len, mask)
+    def forward(self, x, cos, sin, k_cache, v_cache, write_pos, kv_len, mask, rows=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, write_pos, kv_len, mask, rows)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -289,9 +302,9 @@ class DecoderStack(nn.Module):
         self.rotary = RotaryTable(cfg.head_dim, cfg.rope_theta, max_positions)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, write_pos: torch.Tensor,
-                kv_len: int, mask: torch.Tensor | None) -> torch.Tensor:
+                kv_len: int, mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, L, H], rope positions [B, L] -> post-norm hidden [B, L, H]; see Attention.forward."""
         cos, sin = self.rotary(positions, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], write_pos, kv_len, mask)
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], write_pos, kv_len, mask, rows)
         return self.norm(x)

@@ -116,13 +116,16 @@ class PromptBuilder:
         self._memo_cache: dict[tuple, torch.Tensor] = {}
         self._memo_stamp: tuple = ()
 
-    def tokenize(self, text: str) -> torch.Tensor:
-        return self._host_ids(text).to(self._device)  # [1, L]
-
-    def _host_ids(self, text: str) -> torch.Tensor:
-        """Token ids [1, L] on the host. The tokenizer's own tensors (return_tensors="pt") cost about as much
-        host time again as the encoding, which a burst of prompts pays once per prompt."""
-        return torch.tensor([self.tokenizer(text)["input_ids"]], dtype=torch.int64)
+    def _token_ids(self, texts: list[str]) -> list[tuple[list[int], torch.Tensor]]:
+        """Token ids of each text, as a list and as a [1, L] tensor on the talker's device: one batched tokenizer
+        call and one copy for all of them. A served burst builds dozens of prompts at once; one call and one small copy per prompt were
+        most of its prompt building (docs/performance.md, eighth pass). Each prompt's pieces are then slices of
+        these (views), embedded slice by slice as before."""
+        if not texts:
+            return []
+        ids = self.tokenizer(texts)["input_ids"]
+        flat = torch.tensor([i for row in ids for i in row], dtype=torch.int64).to(self._device)
+        return list(zip(ids, (row[None] for row in flat.split([len(row) for row in ids]))))
 
     @property
     def _device(self) -> torch.device:
@@ -132,7 +135,7 @@ class PromptBuilder:
         """The embedding of a piece every prompt of its kind shares (special tokens, codec tags, a speaker, the
         role prefix), computed once: the same ops on the same ids, so the same values. A served burst builds
         dozens of prompts in one call, and each piece was a few small kernels and a synchronising copy of its
-        ids. build() checks first that the weights are the memo's (_check_memo)."""
+        ids. build_many() checks first that the weights are the memo's (_check_memo)."""
         value = self._memo_cache.get(key)
         if value is None:
             value = self._memo_cache[key] = compute()
@@ -155,22 +158,56 @@ class PromptBuilder:
         """C(codec_id) repeated n times, [1, n, H] (a view: adding it equals adding the materialised run)."""
         return self._codec([codec_id]).expand(-1, n, -1)
 
-    @torch.no_grad()
     def build(self, req: SynthesisRequest) -> Prompt:
-        validate_request(self.cfg, req)
+        """One request's prompt; raises the ValueError that makes it unservable."""
+        prompt = self.build_many([req])[0]
+        if isinstance(prompt, ValueError):
+            raise prompt
+        return prompt
+
+    @torch.no_grad()
+    def build_many(self, reqs: list[SynthesisRequest]) -> list[Prompt | ValueError]:
+        """The prompts of several requests, tokenized together; each unservable request gets its ValueError."""
+        out: list = [None] * len(reqs)
+        valid = []
+        for i, req in enumerate(reqs):
+            try:
+                validate_request(self.cfg, req)
+                valid.append(i)
+            except ValueError as exc:
+                out[i] = exc
         self._check_memo()
+        texts = [self._texts(reqs[i]) for i in valid]
+        ids = iter(self._token_ids([t for group in texts for t in group]))
+        for i, group in zip(valid, texts):
+            out[i] = self._build(reqs[i], *(next(ids) for _ in group))
+        return out
+
+    def _texts(self, req: SynthesisRequest) -> list[str]:
+        """The strings a request's prompt tokenizes, in the order _build takes their ids."""
+        texts = [assistant_text(req.text)]
+        if self._instruct(req):
+            texts.append(instruct_text(req.instruct))
+        if req.icl:
+            texts.append(ref_text(req.ref_text))
+        return texts
+
+    def _instruct(self, req: SynthesisRequest) -> str | None:
+        if req.task == "voice_clone" or (req.task == "custom_voice" and self.cfg.drops_instruct):
+            return None
+        return req.instruct or None
+
+    def _build(self, req: SynthesisRequest, text_ids: tuple[list[int], torch.Tensor], *more_ids) -> Prompt:
+        """One prompt from its texts' ids (_texts' order, as _token_ids gives them)."""
         cfg, t, talker = self.cfg, self.cfg.talker, self.talker
+        host_ids, input_id = text_ids
+        more = (ids for _, ids in more_ids)
         non_streaming = req.non_streaming_text
         if non_streaming is None:
             non_streaming = req.task != "voice_clone"
-        host_ids = self._host_ids(assistant_text(req.text))
-        input_id = host_ids.to(self._device)
         parts = []
-        instruct = req.instruct
-        if req.task == "custom_voice" and cfg.drops_instruct:
-            instruct = None
-        if instruct and req.task != "voice_clone":
-            parts.append(talker.embed_text(self.tokenize(instruct_text(instruct))))
+        if self._instruct(req):
+            parts.append(talker.embed_text(next(more)))
 
         lang = (req.language or "auto").lower()
         language_id = None if lang == "auto" else t.codec_language_id[lang]
@@ -199,12 +236,11 @@ class PromptBuilder:
             codec, head = self._memo(("header", *tags, spk), lambda: header(
                 None if spk is None else self._codec([spk])))
 
-        role = host_ids[0, :3].tolist()
-        parts.append(self._memo(("text", *role), lambda: talker.embed_text(input_id[:, :3])))
+        parts.append(self._memo(("text", *host_ids[:3]), lambda: talker.embed_text(input_id[:, :3])))
         parts.append(head)
 
         if req.icl:
-            body, trailing = self._icl_body(req, input_id, tts_pad, tts_eos, non_streaming)
+            body, trailing = self._icl_body(req, input_id, next(more)[:, 3:-2], tts_pad, tts_eos, non_streaming)
             parts.append(body)
         elif non_streaming:
             text = input_id[:, 3:-5]
@@ -217,9 +253,8 @@ class PromptBuilder:
             trailing = torch.cat((talker.embed_text(input_id[:, 4:-5]), tts_eos), dim=1)
         return Prompt(prefill=torch.cat(parts, dim=1)[0], trailing=trailing[0], tts_pad=tts_pad[0, 0])
 
-    def _icl_body(self, req, input_id, tts_pad, tts_eos, non_streaming):
+    def _icl_body(self, req, input_id, ref_id, tts_pad, tts_eos, non_streaming):
         t, talker = self.cfg.talker, self.talker
-        ref_id = self.tokenize(ref_text(req.ref_text))[:, 3:-2]
         text_embed = torch.cat((talker.embed_text(torch.cat((ref_id, input_id[:, 3:-5]), dim=-1)), tts_eos), dim=1)
         ref_codes = req.ref_codes.to(self._device)
         codec_embed = torch.cat((self._codec([t.codec_bos_id]), talker.embed_frame(ref_codes)[None]), dim=1)
