@@ -96,7 +96,8 @@ def main() -> None:
                    "positions_max": max(positions), "total_ms": round(total, 2), "build_ms": round(build, 2),
                    "pass_ms": round(pass_, 2), "slots_ms": round(slots, 2),
                    "rest_ms": round(total - build - pass_ - slots, 2),
-                   "first_call": dict(zip(("total_ms", "build_ms", "pass_ms", "slots_ms"), (round(f, 2) for f in first)))}
+                   "first_call": dict(zip(("total_ms", "build_ms", "pass_ms", "slots_ms"),
+                                          (round(f, 2) for f in first)))}
             rows.append(row)
             print(f"  {set_name:5s} burst {n:3d}: {row['positions_mean']:.0f} positions mean ({row['positions_max']} "
                   f"max)  prefill_many {total:7.1f} ms = build {build:6.1f} + pass {pass_:6.1f} + slot setup "
@@ -105,7 +106,8 @@ def main() -> None:
             if args.profile and set_name == args.sets.split(",")[-1] and n == bursts[-1]:
                 from torch.profiler import ProfilerActivity, profile
 
-                runner.prompts.build_many, runner._prefill_groups, runner._init_slots = real_build, real_groups, real_init
+                runner.prompts.build_many, runner._prefill_groups = real_build, real_groups
+                runner._init_slots = real_init
                 for slot in range(n):
                     runner.release(slot)
                 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

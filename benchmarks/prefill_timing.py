@@ -54,7 +54,8 @@ def main() -> None:
                 req = request(text + " " * rep)
                 build = wall(lambda: runner.prompts.build_many([req], cache))
                 total = wall(lambda: runner.prefill_many([(slot, req)]))
-                rows.append((rep, len(text), runner.prompts.build_many([req], cache)[0][0].prefill.shape[0], build, total))
+                positions = runner.prompts.build_many([req], cache)[0][0].prefill.shape[0]
+                rows.append((rep, len(text), positions, build, total))
         print(f"== {'compiled layers' if compiled else 'eager'}: (repeat, chars, prompt positions, build ms, "
               f"prefill_many ms)")
         for r in rows:

@@ -118,9 +118,9 @@ class PromptBuilder:
 
     def _token_ids(self, texts: list[str]) -> list[tuple[list[int], torch.Tensor]]:
         """Token ids of each text, as a list and as a [1, L] tensor on the talker's device: one batched tokenizer
-        call and one copy for all of them. A served burst builds dozens of prompts at once; one call and one small copy per prompt were
-        most of its prompt building (docs/performance.md, eighth pass). Each prompt's pieces are then slices of
-        these (views), embedded slice by slice as before."""
+        call and one copy for all of them. A served burst builds dozens of prompts at once, and one call and one
+        small copy per prompt were most of its prompt building (docs/performance.md, eighth pass). Each prompt's
+        pieces are slices of these (views), embedded slice by slice as the official implementation does."""
         if not texts:
             return []
         ids = self.tokenizer(texts)["input_ids"]
@@ -193,6 +193,7 @@ class PromptBuilder:
         return texts
 
     def _instruct(self, req: SynthesisRequest) -> str | None:
+        """The instruction the prompt carries: none for voice clone, nor for CustomVoice checkpoints that drop it."""
         if req.task == "voice_clone" or (req.task == "custom_voice" and self.cfg.drops_instruct):
             return None
         return req.instruct or None
