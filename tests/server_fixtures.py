@@ -82,12 +82,13 @@ def post_json(url: str, body: dict, headers: dict | None = None, timeout: float 
         return err.code, dict(err.headers), err.read()
 
 
-def logged(server: ServerThread, match, timeout: float = 10.0) -> dict:
-    """The last --request-log line that `match` accepts (written as its handler ends: after the client's read)."""
+def logged(server: ServerThread, request_id: str, timeout: float = 10.0) -> dict:
+    """The --request-log line of `request_id` (the X-Request-Id header). It is written as the handler ends, after
+    the client's read, so it may come a moment later; matched by id, since earlier requests' lines are there too."""
     deadline = time.monotonic() + timeout
     while True:
         lines = [json.loads(x) for x in server.server.request_log.path.read_text().splitlines()]
-        found = [r for r in lines if match(r)]
+        found = [r for r in lines if r["request_id"] == request_id]
         if found or time.monotonic() > deadline:
             assert found, lines[-3:]
             return found[-1]

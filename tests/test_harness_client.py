@@ -295,8 +295,9 @@ def test_arrival_is_the_kernels_receive_time_not_the_loops(monkeypatch, clock):
     assert raw.error is None and raw.clock == clock
     (t_chunk, data), = raw.chunks
     assert len(data) == 4800 and raw.t_end == t_chunk
-    if clock == "kernel":  # stamped while the server's send ran, 50 ms before the loop could read
-        assert sent["before"] - 0.001 <= t_chunk <= sent["after"] + 0.001, (sent, t_chunk)
+    if clock == "kernel":  # stamped as the chunk arrived, well before the loop could read it (50 ms later); on a
+        # loaded machine the kernel's stamp may trail the sender's return by a few ms, never by the loop's delay
+        assert sent["before"] - 0.001 <= t_chunk < resumed - 0.025, (sent, t_chunk, resumed)
     else:
         assert t_chunk >= resumed
 
