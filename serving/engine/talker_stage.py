@@ -467,9 +467,9 @@ class TalkerRunner:
         return torch.stack(codes, dim=1)
 
     def _trace_prefill_shapes(self) -> None:
-        """Prefill passes of one 17-position prompt and of three 19-position ones (random inputs, into the first
-        slots; warmup then clears their state): compiles the dynamic-shape prefill graphs before any request
-        arrives."""
+        """Prefill passes of one 17-position prompt, three 19-position ones and two 23-position ones (random
+        inputs, into the first slots; warmup then clears their state): compiles the dynamic-shape prefill graphs
+        before any request arrives."""
         for n, length in ((1, 17), (3, 19), (2, 23)):
             x = torch.randn(n, length, self.talker.cfg.transformer.hidden_size, dtype=self.dtype, device=self.device)
             self._prefill_pass(x, list(range(n)))

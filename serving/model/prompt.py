@@ -178,18 +178,18 @@ class PromptBuilder:
                 out[i] = exc
         self._check_memo()
         texts = [self._texts(reqs[i]) for i in valid]
-        ids = iter(self._token_ids([t for group in texts for t in group]))
-        for i, group in zip(valid, texts):
-            out[i] = self._build(reqs[i], *(next(ids) for _ in group))
+        ids = iter(self._token_ids([t for named in texts for t in named.values()]))
+        for i, named in zip(valid, texts):
+            out[i] = self._build(reqs[i], **{name: next(ids) for name in named})
         return out
 
-    def _texts(self, req: SynthesisRequest) -> list[str]:
-        """The strings a request's prompt tokenizes, in the order _build takes their ids."""
-        texts = [assistant_text(req.text)]
+    def _texts(self, req: SynthesisRequest) -> dict[str, str]:
+        """The strings a request's prompt tokenizes, by the name _build takes their ids under."""
+        texts = {"text": assistant_text(req.text)}
         if self._instruct(req):
-            texts.append(instruct_text(req.instruct))
+            texts["instruct"] = instruct_text(req.instruct)
         if req.icl:
-            texts.append(ref_text(req.ref_text))
+            texts["ref"] = ref_text(req.ref_text)
         return texts
 
     def _instruct(self, req: SynthesisRequest) -> str | None:
@@ -198,17 +198,16 @@ class PromptBuilder:
             return None
         return req.instruct or None
 
-    def _build(self, req: SynthesisRequest, text_ids: tuple[list[int], torch.Tensor], *more_ids) -> Prompt:
-        """One prompt from its texts' ids (_texts' order, as _token_ids gives them)."""
+    def _build(self, req: SynthesisRequest, text: tuple[list[int], torch.Tensor], instruct=None, ref=None) -> Prompt:
+        """One prompt from the ids of its texts (_texts), each as _token_ids gives them: (list, device tensor)."""
         cfg, t, talker = self.cfg, self.cfg.talker, self.talker
-        host_ids, input_id = text_ids
-        more = (ids for _, ids in more_ids)
+        host_ids, input_id = text
         non_streaming = req.non_streaming_text
         if non_streaming is None:
             non_streaming = req.task != "voice_clone"
         parts = []
-        if self._instruct(req):
-            parts.append(talker.embed_text(next(more)))
+        if instruct is not None:
+            parts.append(talker.embed_text(instruct[1]))
 
         lang = (req.language or "auto").lower()
         language_id = None if lang == "auto" else t.codec_language_id[lang]
@@ -241,12 +240,12 @@ class PromptBuilder:
         parts.append(head)
 
         if req.icl:
-            body, trailing = self._icl_body(req, input_id, next(more)[:, 3:-2], tts_pad, tts_eos, non_streaming)
+            body, trailing = self._icl_body(req, input_id, ref[1][:, 3:-2], tts_pad, tts_eos, non_streaming)
             parts.append(body)
         elif non_streaming:
-            text = input_id[:, 3:-5]
-            parts.append(torch.cat((talker.embed_text(text), tts_eos), dim=1)
-                         + self._codec_run(t.codec_pad_id, text.shape[1] + 1))
+            body_ids = input_id[:, 3:-5]
+            parts.append(torch.cat((talker.embed_text(body_ids), tts_eos), dim=1)
+                         + self._codec_run(t.codec_pad_id, body_ids.shape[1] + 1))
             parts.append(self._memo(("pad+bos",), lambda: tts_pad + self._codec([t.codec_bos_id])))
             trailing = tts_pad[:, :0]
         else:
