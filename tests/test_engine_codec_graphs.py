@@ -70,8 +70,8 @@ def test_batch_buckets_default_ladder_flag_and_bad_sizes():
     assert parse_batches("1, 4,16") == (1, 4, 16) and parse_batches(None) is None and parse_batches("none") == ()
     with pytest.raises(ValueError, match="comma-separated"):
         parse_batches("1;4")
-    with pytest.raises(ValueError, match=r"\[1, 16\]"):
-        EngineConfig(model="x", codec_graph_batches=(64,))
+    with pytest.raises(ValueError, match=r"\[1, 64\]"):
+        EngineConfig(model="x", codec_graph_batches=(128,))
     with pytest.raises(ValueError, match="codec_graph_memory_gb"):
         EngineConfig(model="x", codec_graph_memory_gb=-1)
 

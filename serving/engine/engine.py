@@ -75,7 +75,8 @@ class EngineConfig:
     chunk_frames: int = 25
     first_chunk_frames: int = 2
     left_context_frames: int = 72  # voice clone: last reference frames that prime the codec's state (all: exact)
-    max_codec_batch: int = 16
+    max_codec_batch: int = 64
+    codec_batch_wait_ms: float = 100.0  # most a chunk whose listener has audio in hand waits to share a codec call
     enforce_eager: bool = False  # no CUDA graphs (a CPU never uses them)
     compile: bool | None = None  # torch.compile the talker layers; None: with graphs
     max_graph_batch: int = 128  # largest batch bucket with captured graphs; bigger steps run eagerly
@@ -89,8 +90,8 @@ class EngineConfig:
         for name in ("max_batch_size", "chunk_frames", "first_chunk_frames", "max_model_len", "max_codec_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        if self.max_queue < 0 or self.left_context_frames < 0:
-            raise ValueError("max_queue and left_context_frames must be >= 0")
+        if self.max_queue < 0 or self.left_context_frames < 0 or self.codec_batch_wait_ms < 0:
+            raise ValueError("max_queue, left_context_frames and codec_batch_wait_ms must be >= 0")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError("load_format must be auto or dummy")
         if self.max_graph_batch < 1:
@@ -425,12 +426,16 @@ class Engine:
                 if stream.codec.slot is None and stream.codec.due() and not self.codec.assign(stream.codec):
                     break
             ready = [s for s in self._codec_streams if s.codec.ready() and not s.cancelled]
-            batch = next_batch(ready, self.config.max_codec_batch, lambda s: s.codec)
+            t0 = time.monotonic()
+            batch, retry_at = next_batch(ready, self.config.max_codec_batch, lambda s: s.codec, t0,
+                                         self.config.codec_batch_wait_ms / 1000)
             if not batch:
                 self._wake_codec.clear()
-                await self._wake_codec.wait()
+                try:  # new frames (every talker step) or the time the waiting chunks must go
+                    await asyncio.wait_for(self._wake_codec.wait(), None if retry_at is None else retry_at - t0)
+                except asyncio.TimeoutError:
+                    pass
                 continue
-            t0 = time.monotonic()
             for s in batch:
                 self.observe("codec_wait", t0 - s.codec.due_since)
                 if s.codec.decoded_frames == 0:
