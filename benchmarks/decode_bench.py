@@ -126,8 +126,6 @@ def configure(runner, variant: str) -> None:
     runner._sample_candidates = candidate_sampler(runner.device)
     # compile-modules: every step's code predictor through the compiled modules (before its fused Triton layers)
     runner.fused_cp_rows = FUSED_CP_ROWS if runner.fused_cp is not None and variant != "compile-modules" else 0
-    if variant == "compile-fused-all" and runner.fused_cp is not None:  # the fused layers at every batch size
-        runner.fused_cp_rows = runner.num_slots
     if variant == "compile-torch-sampler":  # the torch candidate sampler compiled (before the Triton kernel)
         runner._sample_candidates = torch.compile(_torch_candidates, dynamic=True)
     if variant == "compile-cdt":  # gpt-fast's recipe: batch-1 matmuls become fused, tuned Triton reductions

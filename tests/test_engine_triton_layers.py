@@ -1,7 +1,6 @@
 """The code predictor's fused Triton layers compute what the torch stack computes: the same heads' logits and
 the same cached keys and values, pass after pass (a 2-position first pass, then one position at a time, as a
-frame runs them), in float32 and bfloat16, for 1, 8 and 40 rows (element-wise products, one 16-row tile, and
-wide tiles of 64 rows over two row tiles in the first pass); and a talker stage that runs its code predictor
+frame runs them), in float32 and bfloat16, for 1 to 8 rows; and a talker stage that runs its code predictor
 through them draws the same codes as the stage without them.
 
 CI has no GPU, so the kernels run in Triton's interpreter (TRITON_INTERPRET=1, CPU tensors), in a child process
@@ -43,7 +42,7 @@ SCRIPT = textwrap.dedent("""
     for dtype, tol in ((torch.float32, 2e-5), (torch.bfloat16, 4e-2)):  # bfloat16: an ulp or two of the sums
         model, weight = stack.to(dtype), head.to(dtype)
         fused = triton_layers.FusedStack(model)
-        for batch in (1, 8, 40):
+        for batch in (1, 8):
             want_cache = KVCache.for_stack(cfg, batch, 16, dtype, "cpu")
             k, v = torch.full_like(want_cache.k, 9.0), torch.full_like(want_cache.v, 9.0)
             x = torch.randn(batch, 2, 48).to(dtype)
@@ -96,4 +95,4 @@ SCRIPT = textwrap.dedent("""
 @pytest.mark.slow
 def test_fused_layers_compute_the_torch_stack():
     out = run_interpreted(SCRIPT)
-    assert "passes 18" in out and "codes equal" in out
+    assert "passes 12" in out and "codes equal" in out

@@ -1,4 +1,4 @@
-"""The code predictor's decoder layers as five Triton kernels per layer, for CUDA.
+"""The code predictor's decoder layers for a few rows, as five Triton kernels per layer, for CUDA.
 
 A frame runs the code predictor's 5 layers 15 times, one or two positions per row. At batch 1 on an H100 such a
 layer was ~13 kernels: four cuBLAS GEMVs (plus split-K reductions) and ~9 small fused kernels (norms, q/k norm
@@ -13,9 +13,8 @@ two; the small ones and the gaps were ~40% of a 5 ms frame (docs/performance.md)
 5. down projection + residual addition,
 
 and the stack's final norm rides with each head's projection. The matrix products are tl.dot over
-16-row tiles (rows beyond the call's are masked), or WIDE_ROWS-row tiles for calls of more than 16 rows
-(batch x positions; each row tile a column of programs); calls of up to GEMV_ROWS rows multiply element by
-element instead, which keeps more loads in flight.
+16-row tiles (rows beyond the call's are masked), so a call takes at most MAX_ROWS rows (batch x positions);
+calls of up to GEMV_ROWS rows multiply element by element instead, which keeps more loads in flight.
 Values are rounded to the model's dtype wherever the torch modules hand a tensor on (projections, q/k norms,
 rotary, residual sums), and computed in float32 in between; an input norm's 1 / RMS, a per-row factor, scales the
 product's sums rather than the norm's output, which is therefore not rounded on its own (bfloat16 noise: the
@@ -33,8 +32,7 @@ import triton.language as tl
 
 from serving.model.layers import DecoderStack
 
-DOT_ROWS = 16  # tile height of the products of calls of GEMV_ROWS + 1 to 16 rows (batch x positions)
-WIDE_ROWS = 64  # tile height for calls of more rows
+MAX_ROWS = 16  # rows (batch x positions) of one call: the matrix products' tile height
 MAX_KEYS = 64  # cached positions one attention program holds at once (the code predictor's cache: 16)
 # Triton's CPU interpreter multiplies bfloat16 tiles wrongly in tl.dot (3.6: raw bits), so there the products
 # take float32 copies of the same values (DOT_F32): a bfloat16 product is exact in float32, the sums are float32
@@ -62,9 +60,9 @@ def _norm_matmul_kernel(x_ptr, sxm, norm_ptr, w_ptr, out_ptr, M, K: tl.constexpr
     """out[:, n] = RMSNorm(x) @ w[n]^T; GATED: w holds gate rows [0, N) then up rows [N, 2N) and
     out = SiLU(gate) * up. The rows' 1 / RMS is a per-row factor of the product, so it is summed in the same
     pass over x and applied to the sums (no prologue pass, whose loads would wait one after another).
-    Programs: (column tile, row tile). DOT: the products by tl.dot; else as float32 multiply-adds per element
-    (a few rows: no tile of 16 rows through shared memory)."""
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    DOT: the products by tl.dot (16-row tiles); else as float32 multiply-adds per element (a few rows: no tile
+    of 16 rows through shared memory)."""
+    rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -98,7 +96,7 @@ def _matmul_residual_kernel(x_ptr, w_ptr, res_ptr, out_ptr, M, K: tl.constexpr, 
                             DOT_F32: tl.constexpr):
     """out = res + x @ w^T (the product rounded to the model dtype first, as a module's output is); DOT as in
     _norm_matmul_kernel."""
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -191,37 +189,29 @@ def _attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_ptr, s
 
 
 GEMV_ROWS = 4  # calls of up to this many rows multiply element by element, larger ones by tl.dot
-# tiles (BLOCK_N, BLOCK_K, warps, stages) by role and kind (gemv: up to GEMV_ROWS rows, dot: up to DOT_ROWS,
-# wide: more), from benchmarks/fused_layers_bench.py on an H100
-_TILES = {"qkv": {"gemv": (2, 1024, 4, 3), "dot": (32, 128, 4, 3), "wide": (64, 64, 4, 3)},
-          "gate_up": {"gemv": (2, 1024, 4, 3), "dot": (32, 128, 4, 3), "wide": (64, 64, 4, 3)},
-          "o": {"gemv": (2, 1024, 4, 3), "dot": (16, 256, 4, 4), "wide": (32, 64, 4, 3)},
-          "down": {"gemv": (2, 1024, 4, 3), "dot": (16, 256, 4, 4), "wide": (32, 64, 4, 3)},
-          "head": {"gemv": (2, 1024, 4, 3), "dot": (16, 256, 4, 3), "wide": (64, 64, 4, 3)}}
-
-
-def tile_kind(m: int) -> str:
-    """Which of a role's tiles a product of m rows uses."""
-    return "gemv" if m <= GEMV_ROWS else "dot" if m <= DOT_ROWS else "wide"
+# tiles (BLOCK_N, BLOCK_K, warps, stages) by role and kind, from benchmarks/fused_layers_bench.py on an H100
+_TILES = {"qkv": {"gemv": (2, 1024, 4, 3), "dot": (32, 128, 4, 3)},
+          "gate_up": {"gemv": (2, 1024, 4, 3), "dot": (32, 128, 4, 3)},
+          "o": {"gemv": (2, 1024, 4, 3), "dot": (16, 256, 4, 4)},
+          "down": {"gemv": (2, 1024, 4, 3), "dot": (16, 256, 4, 4)},
+          "head": {"gemv": (2, 1024, 4, 3), "dot": (16, 256, 4, 3)}}
 
 
 def _launch(m: int, n: int, k: int, role: str) -> dict:
     """Grid and compile-time arguments of a product of m rows by an n x k weight in `role`; the role's tile is
     narrowed to small weights (tl.dot needs 16 at least in every dimension)."""
-    kind = tile_kind(m)
-    dot = kind != "gemv"
-    block_n, block_k, warps, stages = _TILES[role][kind]
+    dot = m > GEMV_ROWS
+    block_n, block_k, warps, stages = _TILES[role]["dot" if dot else "gemv"]
     least = 16 if dot else 1
     block_n = min(block_n, max(least, triton.next_power_of_2(n)))
     block_k = min(block_k, max(16, triton.next_power_of_2(k)))
-    block_m = {"gemv": triton.next_power_of_2(m), "dot": DOT_ROWS, "wide": WIDE_ROWS}[kind]
-    return dict(grid=(triton.cdiv(n, block_n), triton.cdiv(m, block_m)), BLOCK_M=block_m, BLOCK_N=block_n,
-                BLOCK_K=block_k, DOT=dot, DOT_F32=_DOT_F32, num_warps=warps, num_stages=stages)
+    return dict(grid=(triton.cdiv(n, block_n),), BLOCK_M=MAX_ROWS if dot else triton.next_power_of_2(m),
+                BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot, DOT_F32=_DOT_F32, num_warps=warps, num_stages=stages)
 
 
 def norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor, role: str,
                 gated: bool = False) -> torch.Tensor:
-    """RMSNorm(x) @ weight^T for x [M, K] (rows may be strided); gated: weight is [gate; up]
+    """RMSNorm(x) @ weight^T for x [M, K] (rows may be strided), M <= MAX_ROWS; gated: weight is [gate; up]
     and the result SiLU(gate) * up."""
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
@@ -233,7 +223,7 @@ def norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: 
 
 
 def matmul_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, role: str) -> torch.Tensor:
-    """residual + x @ weight^T, x [M, K] and residual [M, N] contiguous."""
+    """residual + x @ weight^T, x [M, K] and residual [M, N] contiguous, M <= MAX_ROWS."""
     m, k = x.shape
     n = weight.shape[0]
     out = torch.empty_like(residual)
@@ -272,10 +262,12 @@ class FusedStack:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor) -> torch.Tensor:
-        """x [B, L, H] at rope and cache `positions` [B, L], each attending to the cached positions up to its
-        own (DecoderStack.forward with mask=None) -> the last layer's output [B, L, H] before the final norm
-        (head() applies it); k_cache/v_cache [layers, B, KV, S, D] are written."""
+        """x [B, L, H] at rope and cache `positions` [B, L] (B L <= MAX_ROWS), each attending to the cached
+        positions up to its own (DecoderStack.forward with mask=None) -> the last layer's output [B, L, H]
+        before the final norm (head() applies it); k_cache/v_cache [layers, B, KV, S, D] are written."""
         batch, seq, hidden = x.shape
+        if batch * seq > MAX_ROWS:
+            raise ValueError(f"{batch} x {seq} rows exceed the fused layers' {MAX_ROWS}")
         rotary = self.stack.rotary
         h = x.reshape(batch * seq, hidden)
         for i, layer in enumerate(self.stack.layers):
