@@ -74,8 +74,10 @@ def run(runner, slots, reqs, frames=5, bucket=None, batched=True):
 
 
 def test_bucket_ladders_cover_every_size_with_little_padding():
-    assert make_kv_buckets(1024) == (128, 256, 512, 1024)
-    assert make_kv_buckets(1000) == (128, 256, 512, 1000)
+    assert make_kv_buckets(1024) == (128, 192, 256, 384, 512, 768, 1024)
+    assert make_kv_buckets(1000) == (128, 192, 256, 384, 512, 768, 1000)
+    assert make_kv_buckets(700) == (128, 192, 256, 384, 512, 700)
+    assert make_kv_buckets(1024, 32) == (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
     assert make_kv_buckets(100) == (100,)
     assert make_graph_buckets(128, 128) == (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
     assert make_graph_buckets(100, 128) == (1, 2, 4, 8, 16, 32, 48, 64, 96, 100)

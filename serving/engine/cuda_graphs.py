@@ -37,15 +37,18 @@ def sleep_until(event: torch.cuda.Event) -> None:
 
 
 def make_kv_buckets(max_model_len: int, smallest: int = SMALLEST_KV_BUCKET) -> tuple[int, ...]:
-    """Powers of two from `smallest`, then max_model_len itself: at most 2x the keys read, few graphs."""
+    """Powers of two from `smallest` and 1.5 times each, then max_model_len itself: at most 1.5x the keys read
+    (a step's attention reads every row's cache up to the bucket: on an H100, a 128-row step of the 0.6B talker
+    spends ~3.7 us per position of it, so a bucket of 1024 for rows of at most 700 costs ~0.9 ms more than one of
+    768), and two graphs per doubling of the length."""
     if max_model_len < 1:
         raise ValueError("max_model_len must be at least 1")
     sizes, size = [], smallest
     while size < max_model_len:
-        sizes.append(size)
+        sizes += [b for b in (size, size * 3 // 2) if b < max_model_len]
         size *= 2
     sizes.append(max_model_len)
-    return tuple(sizes)
+    return tuple(sorted(set(sizes)))
 
 
 GRAPH_BATCHES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
