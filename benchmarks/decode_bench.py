@@ -52,14 +52,22 @@ def frame_bytes(runner, batch: int, context: int) -> int:
     return weights + batch * context * kv_per_token
 
 
-def fill(runner, batch: int, text: str) -> None:
+def prompt_text(context: int) -> str:
+    """A text whose prompt takes ~context positions (~4 per word with the random tokenizer, + tags)."""
+    return "word " * max(1, (context - 12) // 4)
+
+
+def fill(runner, batch: int, context: int, spread: float = 0.0) -> None:
+    """Prefill `batch` rows with prompts of ~context positions, or, with spread s, lengths evenly over
+    context x [1 - s, 1 + s] (a served batch's rows differ in length; the KV bucket follows the longest)."""
     from serving.engine.request import GenerationRequest, SamplingParams
 
     for slot in range(runner.num_slots):
         if runner.lengths[slot]:
             runner.release(slot)
-    reqs = [(i, GenerationRequest(task="CustomVoice", text=text, speaker="vivian", max_new_tokens=2000,
-                                  sampling=SamplingParams(seed=i))) for i in range(batch)]
+    lengths = [context * (1 - spread + 2 * spread * i / max(1, batch - 1)) for i in range(batch)]
+    reqs = [(i, GenerationRequest(task="CustomVoice", text=prompt_text(int(n)), speaker="vivian", max_new_tokens=2000,
+                                  sampling=SamplingParams(seed=i))) for i, n in enumerate(lengths)]
     for result in runner.prefill_many(reqs):
         if isinstance(result, Exception):
             raise result
@@ -68,9 +76,12 @@ def fill(runner, batch: int, text: str) -> None:
 def time_steps(runner, batch: int, steps: int) -> float:
     """ms per frame as the engine paces them: each step is launched before the previous one's codes are
     collected (a host poll between steps would add its sleep granularity, up to ~0.2 ms, to every frame)."""
+    from serving.engine.cuda_graphs import smallest_cover
+
     for _ in range(3):
         runner.decode_step(batch)
-    if runner.graphs is not None and max(runner.lengths[:batch]) + steps > runner.kv_buckets[2]:
+    longest = max(runner.lengths[:batch]) + steps + 1
+    if runner.graphs is not None and not runner.graphs.covers(batch, smallest_cover(longest, runner.kv_buckets)):
         print(f"warning: batch {batch} outgrows the captured KV buckets; late steps run eagerly", flush=True)
     t0 = time.perf_counter()
     handle = runner.launch(batch)
@@ -126,6 +137,12 @@ def configure(runner, variant: str) -> None:
     runner._sample_candidates = candidate_sampler(runner.device)
     # compile-modules: every step's code predictor through the compiled modules (before its fused Triton layers)
     runner.fused_cp_rows = FUSED_CP_ROWS if runner.fused_cp is not None and variant != "compile-modules" else 0
+    # compile-bucket-attention: decode steps attend over the whole KV bucket through SDPA (before row-length attention)
+    from serving.engine import triton_attention
+
+    bucket = variant == "compile-bucket-attention" or not runner.row_length_attention
+    for layer in runner.talker.model.layers:
+        layer.self_attn.decode_attention = None if bucket else triton_attention.decode_attention
     if variant == "compile-torch-sampler":  # the torch candidate sampler compiled (before the Triton kernel)
         runner._sample_candidates = torch.compile(_torch_candidates, dynamic=True)
     if variant == "compile-cdt":  # gpt-fast's recipe: batch-1 matmuls become fused, tuned Triton reductions
@@ -141,8 +158,11 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32,64,128")
     ap.add_argument("--variants", default="eager,graph,compile",
                     help="eager, graph, compile (compiled layers + graph); experiments on top of compile: "
-                         "compile-layers, compile-torch-sampler, compile-cdt, compile-modules (see configure)")
+                         "compile-layers, compile-torch-sampler, compile-cdt, compile-modules, compile-bucket-attention "
+                         "(see configure)")
     ap.add_argument("--context", type=int, default=120, help="prompt positions per row before timing")
+    ap.add_argument("--context-spread", type=float, default=0.0,
+                    help="rows' prompt lengths spread evenly over context x [1 - s, 1 + s]")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--json")
@@ -158,7 +178,7 @@ def main() -> None:
                 triton_layers._TILES[role].update({kind: tuple(tile) for kind, tile in kinds.items()})
         print("tiles", triton_layers._TILES, flush=True)
 
-    from serving.engine.cuda_graphs import FrameGraphs
+    from serving.engine.cuda_graphs import FrameGraphs, smallest_cover
     from serving.engine.engine import EngineConfig
     from serving.engine.loader import load_stages
 
@@ -171,7 +191,9 @@ def main() -> None:
                           max_model_len=args.max_model_len, enforce_eager=True, compile=False)
     runner, _codec, _info = load_stages(config)
     runner.warmup()
-    text = "word " * max(1, (args.context - 12) // 4)  # ~4 prompt positions per word (the random tokenizer) + tags
+    # the KV buckets the timed steps meet: from the shortest prompt to the longest plus the steps
+    low, high = args.context * (1 - args.context_spread) - 16, args.context * (1 + args.context_spread) + args.steps + 24
+    kv_buckets = sorted({smallest_cover(max(1, int(n)), runner.kv_buckets) for n in range(int(low), int(high))} - {None})
     rows, results = [], {}
     for variant in args.variants.split(","):
         t0 = time.perf_counter()
@@ -179,16 +201,15 @@ def main() -> None:
         if variant != "eager":
             runner.graphs = FrameGraphs(lambda b, kv: runner._step(b, kv, True), device)
             runner.graph_buckets = tuple(batches)
-            fill(runner, 0, text)
+            fill(runner, 0, args.context)
             with torch.inference_mode():
                 for b in batches:
-                    for kv in runner.kv_buckets[:3]:
+                    for kv in kv_buckets:
                         runner.graphs.capture(b, kv)
-            fill(runner, 0, text)
         setup = time.perf_counter() - t0
         for b in batches:
-            fill(runner, b, text)
-            context = max(runner.lengths[:b])
+            fill(runner, b, args.context, args.context_spread)
+            context = round(sum(runner.lengths[:b]) / b)
             ms = time_steps(runner, b, args.steps)
             floor = frame_bytes(runner, b, context) / bandwidth * 1e3
             results[(variant, b)] = ms
@@ -199,7 +220,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
         if args.profile and variant != "graph":
             for b in (batches[0], batches[-1]):
-                fill(runner, b, text)
+                fill(runner, b, args.context, args.context_spread)
                 profile_step(runner, variant, b, args.profile)
     print("\nvariant  batch  ms/frame  floor_ms  x_floor  frames/s  x_realtime/stream")
     for r in rows:

@@ -79,6 +79,23 @@ def fused_code_predictor(code_predictor, device: torch.device, force: bool = Fal
     return FusedStack(stack) if FusedStack.supports(stack, code_predictor.num_code_groups) else None
 
 
+def row_length_attention(stack, device: torch.device, force: bool = False) -> bool:
+    """On CUDA (or where forced: tests, in Triton's interpreter), the stack's decode steps of many rows attend
+    over each row's own positions (triton_attention) instead of the KV bucket's; returns whether it is set."""
+    if device.type != "cuda" and not force:
+        return False
+    try:
+        from serving.engine import triton_attention
+    except ImportError:
+        return False
+    cfg = stack.cfg
+    if not triton_attention.supports(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim):
+        return False
+    for layer in stack.layers:
+        layer.self_attn.decode_attention = triton_attention.decode_attention
+    return True
+
+
 def _torch_candidates(logits, params, seed, frame, group):
     return sample_top_candidates(logits.float(), params, seed, frame, group)
 
@@ -134,6 +151,8 @@ class TalkerRunner:
         # steps of up to fused_cp_rows rows run the code predictor as fused Triton layers (on CUDA)
         self.fused_cp = fused_code_predictor(self.talker.code_predictor, device)
         self.fused_cp_rows = FUSED_CP_ROWS if self.fused_cp is not None else 0
+        # decode steps of many rows read each row's own keys, not the whole KV bucket's (on CUDA)
+        self.row_length_attention = row_length_attention(self.talker.model, device)
         self.kv_buckets = make_kv_buckets(max_model_len)
         if cuda_graphs and device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
@@ -185,6 +204,7 @@ class TalkerRunner:
                 "graph_memory_bytes": self.graphs.memory_bytes if self.graphs else 0,
                 "prefill_graph_lengths": list(self.prefill_graphs.lengths) if self.prefill_graphs else [],
                 "compiled_layers": self.compile_layers, "fused_code_predictor_rows": self.fused_cp_rows,
+                "row_length_attention": self.row_length_attention,
                 "ignore_eos": self.ignore_eos,
                 "length_policy": self.length_policy if self.ignore_eos else None}
 
