@@ -196,6 +196,26 @@ def test_a_reference_is_primed_once_and_its_state_reused_in_other_slots(runner, 
     assert primed == [1, 1]
 
 
+def test_a_call_primes_each_new_reference_once(runner, decoder, monkeypatch):
+    """Two first chunks of one new reference and one of another, in one call: two rows primed, and every
+    stream still equals the one-shot decode of its reference and frames."""
+    primed = []
+    prime = runner.pool.prime
+    monkeypatch.setattr(runner.pool, "prime", lambda chunks: (primed.append(len(chunks)), prime(chunks)))
+    ref, other = codes(20, 5), codes(12, 11)
+    refs = [ref, other, ref]
+    streams = [new_stream(4, 25, prime=r) for r in refs]
+    gens = [codes(4, 20 + i) for i in range(len(streams))]
+    for s, g in zip(streams, gens):
+        s.pending.extend(g)
+        s.finished = True
+        runner.assign(s)
+    audio = runner.decode([s.take_chunk() for s in streams])
+    assert primed == [2]
+    for r, g, wav in zip(refs, gens, audio):
+        assert np.abs(wav - one_shot(decoder, np.concatenate([r, g]))[len(r) * SPF:]).max() < 1e-4
+
+
 def test_batched_streams_at_different_positions_equal_one_shot(runner, decoder):
     """Three streams fed and decoded together in shared steps: different slots, chunk sizes, starts and a
     primed first chunk in the same call."""
