@@ -8,7 +8,7 @@ import torch
 
 from serving.model.codec_config import released_codec_config, tiny_codec_config
 from serving.model.codec_decoder import CodecDecoder, init_random_
-from serving.model.codec_stream import IncrementalCodecDecoder
+from serving.model.codec_stream import PRIME_FRAMES, PRIME_ROWS, IncrementalCodecDecoder
 
 Q = 16
 TOL = 1e-4
@@ -125,19 +125,36 @@ def test_reference_codes_prime_the_state(real_window):
     """Voice cloning: after prime() with the reference codes (or decoding them as a first chunk and dropping
     the samples), the generated frames' samples are those of the one-shot decode of [reference | generated].
     prime() runs the vocoder over the last 10 frames only: a 30-frame reference tests the cut, a 6-frame one a
-    reference shorter than that, primed together in one batch."""
+    reference shorter than that, a 40-frame one a batch padded past one PRIME_FRAMES, primed together in one
+    batch (three rows: a padding row in the scratch slot)."""
     spf = real_window.samples_per_frame
     assert real_window.vocoder_receptive_frames == 10
-    refs, gen = {0: codes(30, 30), 1: codes(6, 32)}, codes(29, 31)
-    primed = IncrementalCodecDecoder(real_window, num_slots=2)
-    primed.prime([(1, refs[1]), (0, refs[0])])
-    first_chunk = IncrementalCodecDecoder(real_window, num_slots=2)
+    refs, gen = {0: codes(30, 30), 1: codes(6, 32), 2: codes(40, 33)}, codes(29, 31)
+    primed = IncrementalCodecDecoder(real_window, num_slots=3)
+    primed.prime([(1, refs[1]), (0, refs[0]), (2, refs[2])])
+    first_chunk = IncrementalCodecDecoder(real_window, num_slots=3)
     for slot, ref in refs.items():
         first_chunk.decode([(slot, ref, True)])
     for slot, ref in refs.items():
         expected = one_shot(real_window, torch.cat([ref, gen]))[len(ref) * spf:]
         for pool in (primed, first_chunk):
             assert max_dev(stream(pool, slot, gen, [4, 25], fresh=False), expected) < TOL, slot
+
+
+def test_priming_runs_at_few_shapes_and_warm_prime_meets_them(small_window, monkeypatch):
+    """A priming pass is eager: its batch pads to PRIME_ROWS rows and a multiple of PRIME_FRAMES frames, so a
+    GPU builds its kernels' plans for few shapes, and warm_prime(72) meets every shape of references up to 72
+    frames in the batches this pool's 4 slots can make (1, 2 or 4 rows)."""
+    pool = IncrementalCodecDecoder(small_window, num_slots=4)
+    shapes = []
+    latents = small_window.latents
+    monkeypatch.setattr(small_window, "latents", lambda c, step: (shapes.append(tuple(c.shape[:2])), latents(c, step))[1])
+    pool.prime([(0, codes(5, 1)), (2, codes(33, 2)), (3, codes(17, 3))])
+    pool.prime([(1, codes(70, 4))])
+    assert shapes == [(PRIME_ROWS[2], 2 * PRIME_FRAMES), (1, 3 * PRIME_FRAMES)]
+    shapes.clear()
+    pool.warm_prime(72)
+    assert sorted(shapes) == [(r, f * PRIME_FRAMES) for r in (1, 2, 4) for f in (1, 2, 3)]
 
 
 def test_a_restarted_slot_forgets_its_previous_stream(small_window):

@@ -104,6 +104,7 @@ class CodecStream:
         return self.finished and not self.pending
 
 
+WARM_PRIME_FRAMES = 128  # longest reference whose priming shapes warmup meets (longer: at first use)
 URGENT_CALL_FRAMES = 400  # most rows x frames of a call that carries audio needed soon: 16 steady chunks, ~16 ms on an H100
 
 
@@ -265,12 +266,15 @@ class CodecRunner:
                 raise ValueError("every chunk needs at least one frame")
             self.pool.decoder.check_codes(torch.from_numpy(codes)[None])
 
-    def warmup(self, frame_counts: tuple[int, ...]) -> None:
-        """Decode silence at the chunk sizes streams use (allocations, kernel selection), then capture the
-        graphs; every stream starts its slot afresh, so what this leaves in slot 0 is never heard."""
+    def warmup(self, frame_counts: tuple[int, ...], prime_frames: int = 0) -> None:
+        """Decode silence at the chunk sizes streams use (allocations, kernel selection), prime at the shapes of
+        references of up to prime_frames frames (voice clone models; at most WARM_PRIME_FRAMES, a 10 s clip),
+        then capture the graphs; every stream starts its slot afresh or primed, so what this leaves in the
+        slots is never heard."""
         for frames in frame_counts:
             zeros = np.zeros((frames, self.num_quantizers), dtype=np.int64)
             self.decode([CodecChunk(0, zeros, True)])
+        self.pool.warm_prime(min(prime_frames, WARM_PRIME_FRAMES))
         if self.graphs is not None:
             # cuDNN times its convolution algorithms for the buckets' fixed shapes and the graphs keep the fastest
             # (measured 10-30% per call on an H100); only here: eager calls (priming, oversized batches) have

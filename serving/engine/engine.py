@@ -212,7 +212,8 @@ class Engine:
         self.scheduler = Scheduler(self.runner.num_slots, self.config.max_queue, self.runner.buckets)
         await loop.run_in_executor(self._talker_pool, self.runner.warmup)
         await loop.run_in_executor(self._codec_pool, self.codec.warmup,
-                                   (self.config.first_chunk_frames, self.config.chunk_frames))
+                                   (self.config.first_chunk_frames, self.config.chunk_frames),
+                                   self.config.left_context_frames if self.info.task_type == "Base" else 0)
         self.info = replace(self.info, codec_graphs=self.codec.graph_report)
         # Loading, compiling and capturing leave millions of long-lived Python objects; a full collection that
         # scans them all stalls every thread for hundreds of ms, mid-burst. Moved out of the collector's reach,

@@ -28,10 +28,18 @@ that their final state depends on.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from serving.model.codec_decoder import (Attention, CausalConv1d, CausalConvTranspose1d, CodecDecoder,
                                          Frames)
+
+PRIME_ROWS = (1, 2, 4, 8, 16)  # priming batches pad to these rows (more rows: as many as there are)
+PRIME_FRAMES = 32  # and to a multiple of these frames
+
+
+def _prime_rows(n: int) -> int:
+    return next((r for r in PRIME_ROWS if r >= n), n)
 
 
 def next_chunk_frames(decoded_frames: int, first_chunk_frames: int, chunk_frames: int) -> int:
@@ -206,7 +214,7 @@ class IncrementalCodecDecoder:
         are inexact, but the state at their end depends on nothing earlier."""
         if not chunks:
             return
-        codes, slots, lengths = self._batch(chunks)
+        codes, slots, lengths = self._prime_shape(*self._batch(chunks))
         first = torch.ones_like(slots, dtype=torch.bool)
         head = StreamStep(self, slots, lengths, first)
         latents = self.decoder.latents(codes, head)                                   # (B, latent, T)
@@ -218,6 +226,26 @@ class IncrementalCodecDecoder:
         self.decoder.vocode(tail, tail_step)
         head.commit()
         tail_step.commit()
+
+    def _prime_shape(self, codes: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor):
+        """Pad a priming batch to PRIME_ROWS rows (scratch-slot rows of no frames, as a step's padding) and
+        to a multiple of PRIME_FRAMES frames. Priming is eager, and on a GPU an eager pass at a new shape pays
+        for cuDNN's plans: ~300 ms per first meeting of a voice on an H100 (each reference has its own length),
+        against ~1 ms of work; warm_prime() meets these few shapes at start-up."""
+        rows = _prime_rows(len(slots))
+        frames = -(-codes.shape[1] // PRIME_FRAMES) * PRIME_FRAMES
+        pad = rows - len(slots)
+        codes = F.pad(codes, (0, 0, 0, frames - codes.shape[1], 0, pad))
+        slots = torch.cat([slots, slots.new_full((pad,), self.scratch_slot)])
+        return codes, slots, torch.cat([lengths, lengths.new_zeros(pad)])
+
+    def warm_prime(self, max_frames: int) -> None:
+        """Prime each (PRIME_ROWS, multiple of PRIME_FRAMES up to max_frames) shape once, into the first slots
+        (every stream starts its slot afresh or primed, so what this leaves there is never heard)."""
+        for rows in sorted({_prime_rows(min(r, self.num_slots)) for r in PRIME_ROWS}):  # those calls can have
+            for frames in range(PRIME_FRAMES, max_frames + PRIME_FRAMES, PRIME_FRAMES):
+                zeros = torch.zeros((frames, self.decoder.config.num_quantizers), dtype=torch.long)
+                self.prime([(slot, zeros) for slot in range(min(rows, self.num_slots))])
 
     def _batch(self, chunks: list[tuple[int, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(codes (B, T, Q) right-padded, slots (B,), lengths (B,)) on the device, checked and assembled on the
