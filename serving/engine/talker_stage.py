@@ -12,6 +12,7 @@ of arrivals stalls the running streams for one batched pass instead of one pass 
 from __future__ import annotations
 
 import contextlib
+import importlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,45 +55,43 @@ class StepHandle:
     buffer: _HostBuffer | None = None
 
 
+def _triton_module(name: str, device: torch.device, force: bool = False):
+    """serving.engine.<name>, a module of Triton kernels, on CUDA (or where forced: tests, in Triton's
+    interpreter); None elsewhere and where Triton is missing."""
+    if device.type != "cuda" and not force:
+        return None
+    try:
+        return importlib.import_module(f"serving.engine.{name}")
+    except ImportError:
+        return None
+
+
 def candidate_sampler(device: torch.device):
     """The candidate sampler for a device: one fused Triton kernel per draw on CUDA (triton_sampling), the torch
     version elsewhere (and where Triton is missing)."""
-    if device.type == "cuda":
-        try:
-            from serving.engine import triton_sampling
-        except ImportError:
-            return _torch_candidates
-        return triton_sampling.sample_top_candidates
-    return _torch_candidates
+    module = _triton_module("triton_sampling", device)
+    return module.sample_top_candidates if module is not None else _torch_candidates
 
 
 def fused_code_predictor(code_predictor, device: torch.device, force: bool = False):
     """The code predictor's stack as Triton kernels for steps of a few rows (triton_layers.FusedStack), on CUDA
-    or where forced (tests, in Triton's interpreter); None without Triton or for a stack it does not support."""
-    if device.type != "cuda" and not force:
-        return None
-    try:
-        from serving.engine.triton_layers import FusedStack
-    except ImportError:
+    or where forced; None without Triton or for a stack it does not support."""
+    module = _triton_module("triton_layers", device, force)
+    if module is None:
         return None
     stack = code_predictor.model
-    return FusedStack(stack) if FusedStack.supports(stack, code_predictor.num_code_groups) else None
+    return module.FusedStack(stack) if module.FusedStack.supports(stack, code_predictor.num_code_groups) else None
 
 
 def row_length_attention(stack, device: torch.device, force: bool = False) -> bool:
-    """On CUDA (or where forced: tests, in Triton's interpreter), the stack's decode steps of many rows attend
-    over each row's own positions (triton_attention) instead of the KV bucket's; returns whether it is set."""
-    if device.type != "cuda" and not force:
-        return False
-    try:
-        from serving.engine import triton_attention
-    except ImportError:
-        return False
+    """On CUDA (or where forced), the stack's decode steps of many rows attend over each row's own positions
+    (triton_attention) instead of the KV bucket's; returns whether it is set."""
+    module = _triton_module("triton_attention", device, force)
     cfg = stack.cfg
-    if not triton_attention.supports(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim):
+    if module is None or not module.supports(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim):
         return False
     for layer in stack.layers:
-        layer.self_attn.decode_attention = triton_attention.decode_attention
+        layer.self_attn.decode_attention = module.decode_attention
     return True
 
 
