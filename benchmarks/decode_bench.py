@@ -143,10 +143,6 @@ def configure(runner, variant: str) -> None:
     bucket = variant == "compile-bucket-attention" or not runner.row_length_attention
     for layer in runner.talker.model.layers:
         layer.self_attn.decode_attention = None if bucket else triton_attention.decode_attention
-    # compile-cp-sdpa: the code predictor's passes attend through SDPA (before its row-length attention)
-    cp_sdpa = variant == "compile-cp-sdpa" or not runner.cp_row_length_attention
-    for layer in runner.talker.code_predictor.model.layers:
-        layer.self_attn.decode_attention = None if cp_sdpa else triton_attention.decode_attention
     if variant == "compile-torch-sampler":  # the torch candidate sampler compiled (before the Triton kernel)
         runner._sample_candidates = torch.compile(_torch_candidates, dynamic=True)
     if variant == "compile-cdt":  # gpt-fast's recipe: batch-1 matmuls become fused, tuned Triton reductions
@@ -162,7 +158,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32,64,128")
     ap.add_argument("--variants", default="eager,graph,compile",
                     help="eager, graph, compile (compiled layers + graph); experiments on top of compile: "
-                         "compile-layers, compile-torch-sampler, compile-cdt, compile-modules, compile-bucket-attention, compile-cp-sdpa "
+                         "compile-layers, compile-torch-sampler, compile-cdt, compile-modules, compile-bucket-attention "
                          "(see configure)")
     ap.add_argument("--context", type=int, default=120, help="prompt positions per row before timing")
     ap.add_argument("--context-spread", type=float, default=0.0,

@@ -152,7 +152,6 @@ class TalkerRunner:
         self.fused_cp_rows = FUSED_CP_ROWS if self.fused_cp is not None else 0
         # decode steps of many rows read each row's own keys, not the whole KV bucket's (on CUDA)
         self.row_length_attention = row_length_attention(self.talker.model, device)
-        self.cp_row_length_attention = row_length_attention(self.talker.code_predictor.model, device)
         self.kv_buckets = make_kv_buckets(max_model_len)
         if cuda_graphs and device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
@@ -205,7 +204,6 @@ class TalkerRunner:
                 "prefill_graph_lengths": list(self.prefill_graphs.lengths) if self.prefill_graphs else [],
                 "compiled_layers": self.compile_layers, "fused_code_predictor_rows": self.fused_cp_rows,
                 "row_length_attention": self.row_length_attention,
-                "code_predictor_row_length_attention": self.cp_row_length_attention,
                 "ignore_eos": self.ignore_eos,
                 "length_policy": self.length_policy if self.ignore_eos else None}
 

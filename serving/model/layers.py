@@ -230,8 +230,7 @@ class Attention(FusedProjections):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.scale = self.head_dim ** -0.5
-        # A single-token pass over cache rows 0..B-1 (a decode step: each row's keys are its positions up to the new
-        # token's, whether a mask says so or all kv_len are) may go to this instead of SDPA: (q, k_cache, v_cache,
+        # A masked single-token pass (a decode step) may go to this instead of SDPA: (q, k_cache rows, v_cache rows,
         # keys per row, scale) -> out, or None to decline; the engine sets it (triton_attention) on CUDA.
         self.decode_attention: Callable | None = None
         self.fuse()
@@ -246,7 +245,6 @@ class Attention(FusedProjections):
         pass starts at position 0 (kv_len = L: a prefill), so the new keys are all the keys: it attends over
         them as computed, and any cache rows may take them (a burst's prefill writes straight into its slots)."""
         batch, seq, _ = x.shape
-        one_row_per_cache_row = rows is None
         q, k, v = self.project(x)
         q = self.q_norm(q.view(batch, seq, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(k.view(batch, seq, self.num_kv_heads, self.head_dim)).transpose(1, 2)
@@ -256,16 +254,26 @@ class Attention(FusedProjections):
             rows = torch.arange(batch, device=x.device)[:, None]
         k_cache[rows, :, write_pos] = k.transpose(1, 2)
         v_cache[rows, :, write_pos] = v.transpose(1, 2)
-        out = None
-        if seq == 1 and one_row_per_cache_row and self.decode_attention is not None:
-            out = self.decode_attention(q, k_cache, v_cache, write_pos[:, 0] + 1, self.scale)
-        if out is None and mask is None and seq > 1:  # a branch, not is_causal=seq > 1: a SymBool when compiled
+        if mask is not None:
+            out = self._masked(q, k_cache, v_cache, write_pos, kv_len, mask)
+        elif seq > 1:  # a branch, not is_causal=seq > 1: compiled with dynamic shapes that is a SymBool, a graph break
             with sdpa_kernel(MULTI_TOKEN_SDPA):
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
-        elif out is None:
-            out = F.scaled_dot_product_attention(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], attn_mask=mask,
-                                                 scale=self.scale, enable_gqa=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], scale=self.scale,
+                                                 enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))
+
+    def _masked(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, write_pos: torch.Tensor,
+                kv_len: int, mask: torch.Tensor) -> torch.Tensor:
+        """Attention under a mask; a decode step (one new token per row) goes to decode_attention when it is set
+        and takes the call: the engine sets it only where such a mask is exactly the positions <= write_pos."""
+        if q.shape[2] == 1 and self.decode_attention is not None:
+            out = self.decode_attention(q, k_cache, v_cache, write_pos[:, 0] + 1, self.scale)
+            if out is not None:
+                return out
+        return F.scaled_dot_product_attention(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], attn_mask=mask,
+                                              scale=self.scale, enable_gqa=True)
 
 
 class MLP(FusedProjections):
