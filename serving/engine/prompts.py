@@ -78,6 +78,11 @@ class PromptBuilder:
     def _encode_reference(self, audio: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
         if audio is None or self.model.speaker_encoder is None or self.codec_encoder is None:
             raise ValueError("voice cloning needs reference audio and a Base checkpoint")
-        embedding = self.model.speaker_encoder.embed(audio, SAMPLE_RATE).float().cpu()
-        codes = self.codec_encoder.encode([audio], SAMPLE_RATE)[0]
+        # Without cuDNN: each reference has its own length, and cuDNN sets up its convolutions anew for each shape.
+        # On an H100 a new length took 29 + 60 ms (speaker + codec encoder) through cuDNN, 24 + 17 ms without
+        # (repeats: 7 + 15 against 22 + 15; docs/performance.md). A voice is encoded once, so first calls are what
+        # count. The flag is process-wide: the codec thread's eager calls (priming) meanwhile also skip cuDNN.
+        with torch.backends.cudnn.flags(enabled=False):
+            embedding = self.model.speaker_encoder.embed(audio, SAMPLE_RATE).float().cpu()
+            codes = self.codec_encoder.encode([audio], SAMPLE_RATE)[0]
         return embedding, codes
