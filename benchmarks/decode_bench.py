@@ -117,7 +117,7 @@ _EDGES: dict = {}  # the compiled pieces around the layers (TalkerRunner._compil
 
 def configure(runner, variant: str) -> None:
     """Set up the runner for a variant: compiled layers, and the experiments' changes to the default path."""
-    from serving.engine.talker_stage import FUSED_CP_ROWS, _torch_candidates, candidate_sampler
+    from serving.engine.talker_stage import FUSED_CP_ROWS, FUSED_TALKER_ROWS, _torch_candidates, candidate_sampler
 
     if variant.startswith("compile") and not runner.compile_layers:
         runner._compile()
@@ -137,6 +137,9 @@ def configure(runner, variant: str) -> None:
     runner._sample_candidates = candidate_sampler(runner.device)
     # compile-modules: every step's code predictor through the compiled modules (before its fused Triton layers)
     runner.fused_cp_rows = FUSED_CP_ROWS if runner.fused_cp is not None and variant != "compile-modules" else 0
+    # compile-talker-modules: the talker's layers through the compiled modules at every batch (before its fused layers)
+    fused_talker = runner.fused_talker is not None and variant != "compile-talker-modules"
+    runner.fused_talker_rows = FUSED_TALKER_ROWS if fused_talker else 0
     # compile-bucket-attention: decode steps attend over the whole KV bucket through SDPA (before row-length attention)
     from serving.engine import triton_attention
 
@@ -158,7 +161,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32,64,128")
     ap.add_argument("--variants", default="eager,graph,compile",
                     help="eager, graph, compile (compiled layers + graph); experiments on top of compile: "
-                         "compile-layers, compile-torch-sampler, compile-cdt, compile-modules, compile-bucket-attention "
+                         "compile-layers, compile-torch-sampler, compile-cdt, compile-modules, compile-talker-modules, "
+                         "compile-bucket-attention "
                          "(see configure)")
     ap.add_argument("--context", type=int, default=120, help="prompt positions per row before timing")
     ap.add_argument("--context-spread", type=float, default=0.0,

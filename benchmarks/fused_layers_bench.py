@@ -4,7 +4,7 @@ For each matrix-product role of a fused layer and each row count a frame's code 
 every tile of a small sweep against cuBLAS's plain product (F.linear, which does less: no norm, no epilogue), 20
 calls in a CUDA graph, each call on its own weight (so, as in a frame, the weights come from HBM, not L2); and
 the attention kernel. Prints a table and the best tile per role; a measurement to choose triton_layers._TILES.
-First it compares the fused stack's logits with the torch stack's in bfloat16 (see agreement).
+First it compares the fused stacks' logits with the torch stacks' in bfloat16 (see agreement).
 
     python benchmarks/fused_layers_bench.py [--rows 1,2,4,8,16] [--json TILES.json] [--agreement-only]
 """
@@ -21,7 +21,7 @@ from graph_timing import us_per_call
 
 from serving.engine import triton_layers
 from serving.model.config import TransformerConfig
-from serving.model.layers import Attention, DecoderStack, KVCache, RotaryTable
+from serving.model.layers import Attention, DecoderStack, KVCache, RotaryTable, attention_mask
 
 CALLS = 20
 # role: (K, N of the weight, the call), 0.6B code predictor
@@ -103,34 +103,46 @@ def main() -> None:
 
 def agreement(dev: torch.device) -> None:
     """On the GPU in bfloat16 the fused kernels round differently from cuBLAS and the compiled modules (sums in
-    another order), so their logits differ by bfloat16 noise: a frame's 15 passes of the 0.6B code predictor
-    (random weights, same inputs), the largest logit difference against the logits' spread, and how often
-    both pick the same top code."""
-    cfg = TransformerConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=5, num_attention_heads=16,
-                            num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
-                            max_position_embeddings=16, vocab_size=2048)
-    torch.manual_seed(0)
-    stack = DecoderStack(cfg, max_positions=16).to(dev, torch.bfloat16)
-    head = torch.nn.Linear(1024, 2048, bias=False).to(dev, torch.bfloat16)
-    fused = triton_layers.FusedStack(stack)
-    print("| rows | passes | max logit difference / logit std | same top code |")
-    print("|---|---|---|---|")
-    for batch in (1, 4, 8):
-        cache = KVCache.for_stack(cfg, batch, 16, torch.bfloat16, dev)
-        k, v = torch.zeros_like(cache.k), torch.zeros_like(cache.v)
-        worst, same, total = 0.0, 0, 0
-        x = torch.randn(batch, 2, 1024, dtype=torch.bfloat16, device=dev)
-        pos = torch.arange(2, device=dev).expand(batch, 2)
-        with torch.inference_mode():
-            for _ in range(15):
-                want = head(stack(x, pos, cache, pos, kv_len=int(pos[0, -1]) + 1, mask=None)[:, -1]).float()
-                got = fused.head(fused(x, pos, k, v)[:, -1], head.weight).float()
-                worst = max(worst, ((got - want).abs().max() / want.std()).item())
-                same += (got.argmax(-1) == want.argmax(-1)).sum().item()
-                total += batch
-                x = torch.randn(batch, 1, 1024, dtype=torch.bfloat16, device=dev)
-                pos = pos[:, -1:] + 1
-        print(f"| {batch} | 15 | {worst:.4f} | {same}/{total} |", flush=True)
+    another order), so their logits differ by bfloat16 noise. For the 0.6B code predictor (a frame's 15 passes)
+    and the 0.6B talker (15 steps over a 1024-position cache whose rows are at positions 100-600), random
+    weights and the same inputs: the largest logit difference against the logits' spread, and how often both
+    pick the same top code."""
+    print("| stack | rows | passes | max logit difference / logit std | same top code |")
+    print("|---|---|---|---|---|")
+    for name, layers, cache_len, vocab in (("code predictor", 5, 16, 2048), ("talker", 28, 1024, 3072)):
+        cfg = TransformerConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
+                                num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                                rope_theta=1e6, max_position_embeddings=cache_len, vocab_size=vocab)
+        torch.manual_seed(0)
+        stack = DecoderStack(cfg, max_positions=cache_len).to(dev, torch.bfloat16)
+        head = torch.nn.Linear(1024, vocab, bias=False).to(dev, torch.bfloat16)
+        fused = triton_layers.FusedStack(stack)
+        talker = name == "talker"
+        for batch in (1, 4, 8):
+            cache = KVCache.for_stack(cfg, batch, cache_len, torch.bfloat16, dev)
+            if talker:  # the rows' earlier positions: a prompt's and earlier frames' keys and values
+                cache.k.normal_(), cache.v.normal_()
+                pos = torch.randint(100, 600, (batch, 1), device=dev)
+            else:
+                pos = torch.arange(2, device=dev).expand(batch, 2)
+            k, v = cache.k.clone(), cache.v.clone()
+            x = torch.randn(batch, pos.shape[1], 1024, dtype=torch.bfloat16, device=dev)
+            worst, same, total = 0.0, 0, 0
+            with torch.inference_mode():
+                for _ in range(15):
+                    if talker:
+                        mask = attention_mask(pos, torch.arange(cache_len, device=dev)[None, :] <= pos)
+                        out = stack(x, pos, cache, pos, kv_len=cache_len, mask=mask)
+                    else:
+                        out = stack(x, pos, cache, pos, kv_len=int(pos[0, -1]) + 1, mask=None)
+                    want = head(out[:, -1]).float()
+                    got = fused.head(fused(x, pos, k, v)[:, -1], head.weight).float()
+                    worst = max(worst, ((got - want).abs().max() / want.std()).item())
+                    same += (got.argmax(-1) == want.argmax(-1)).sum().item()
+                    total += batch
+                    x = torch.randn(batch, 1, 1024, dtype=torch.bfloat16, device=dev)
+                    pos = pos[:, -1:] + 1
+            print(f"| {name} | {batch} | 15 | {worst:.4f} | {same}/{total} |", flush=True)
 
 
 if __name__ == "__main__":

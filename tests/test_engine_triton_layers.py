@@ -1,6 +1,8 @@
-"""The code predictor's fused Triton layers compute what the torch stack computes: the same heads' logits and
-the same cached keys and values, pass after pass (a 2-position first pass, then one position at a time, as a
-frame runs them), in float32 and bfloat16, for 1 to 8 rows; and a talker stage that runs its code predictor
+"""The fused Triton decoder layers compute what the torch stack computes. The code predictor's: the same heads'
+logits and the same cached keys and values, pass after pass (a 2-position first pass, then one position at a
+time, as a frame runs them), in float32 and bfloat16, for 1 to 8 rows. The talker's (a cache longer than one
+block of keys): the same hidden states and caches for rows at positions 0, 63, 64 and 90, each attending to its
+own positions under the decode step's mask. And a talker stage that runs its code predictor and its talker
 through them draws the same codes as the stage without them.
 
 CI has no GPU, so the kernels run in Triton's interpreter (TRITON_INTERPRET=1, CPU tensors), in a child process
@@ -24,9 +26,9 @@ SCRIPT = textwrap.dedent("""
     from serving.engine.engine import EngineConfig
     from serving.engine.loader import load_stages
     from serving.engine.request import GenerationRequest, SamplingParams
-    from serving.engine.talker_stage import fused_code_predictor
+    from serving.engine.talker_stage import fused_stack
     from serving.model.config import TransformerConfig
-    from serving.model.layers import DecoderStack, KVCache
+    from serving.model.layers import DecoderStack, KVCache, attention_mask
 
     torch.manual_seed(0)
     # head_dim 16 of 4 query and 2 key/value heads; widths that are no multiple of the kernels' tiles
@@ -63,10 +65,41 @@ SCRIPT = textwrap.dedent("""
                 checked += 1
     print("passes", checked)
 
+    # the talker's steps: one new position per row over a 100-position cache, read in blocks of MAX_KEYS
+    long_stack = DecoderStack(cfg, max_positions=128)
+    long_stack.load_state_dict(stack.state_dict(), strict=False)
+    steps = 0
+    for dtype, tol in ((torch.float32, 2e-5), (torch.bfloat16, 4e-2)):
+        model = long_stack.to(dtype)
+        fused = triton_layers.FusedStack(model)
+        want_cache = KVCache.for_stack(cfg, 4, 100, dtype, "cpu")
+        want_cache.k.normal_(), want_cache.v.normal_()
+        k, v = want_cache.k.clone(), want_cache.v.clone()
+        pos = torch.tensor([[0], [63], [64], [90]])
+        for _ in range(2):
+            x = torch.randn(4, 1, 48).to(dtype)
+            mask = attention_mask(pos, torch.arange(100)[None, :] <= pos)
+            with torch.inference_mode():
+                want = model(x, pos, want_cache, pos, kv_len=100, mask=mask)
+                got = model.norm(fused(x, pos, k, v))
+            torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+            torch.testing.assert_close(k.float(), want_cache.k.float(), atol=tol, rtol=tol)
+            torch.testing.assert_close(v.float(), want_cache.v.float(), atol=tol, rtol=tol)
+            pos = pos + 1
+            steps += 1
+    try:
+        fused(torch.randn(1, 2, 48).to(dtype), torch.arange(2)[None], k[:, :1], v[:, :1])
+    except ValueError as exc:
+        assert "the fused layers take one" in str(exc)
+    else:
+        raise AssertionError("two new positions over a long cache were taken")
+    print("talker steps", steps)
+
     config = EngineConfig(model=str(resolve_model("tiny-random")), max_batch_size=4, max_model_len=128,
                           chunk_frames=4, first_chunk_frames=2, left_context_frames=4)
     runner, _codec, _info = load_stages(config)
     assert runner.fused_cp is None and runner.fused_cp_rows == 0  # CPU: the torch modules
+    assert runner.fused_talker is None and runner.fused_talker_rows == 0
 
     def decode(count, frames):
         reqs = [GenerationRequest(task="CustomVoice", text=t, speaker=s, max_new_tokens=20,
@@ -80,13 +113,17 @@ SCRIPT = textwrap.dedent("""
         return out
 
     expected = {1: decode(1, frames=2), 3: decode(3, frames=1)}  # two frames: the cache is reused across them
-    runner.fused_cp = fused_code_predictor(runner.talker.code_predictor, runner.device, force=True)
+    runner.fused_cp = fused_stack(runner.talker.code_predictor.model, runner.device, force=True)
+    runner.fused_talker = fused_stack(runner.talker.model, runner.device, force=True)
     for tiles in triton_layers._TILES.values():  # wider tiles: the interpreter runs a grid's programs one by one,
         tiles["gemv"] = (64,) + tiles["gemv"][1:]  # and the heads' 2048 outputs were 1024 programs per call
     runner.fused_cp_rows = 2  # 1 row fused, 3 rows through the modules
     np.testing.assert_array_equal(decode(1, frames=2), expected[1])
     np.testing.assert_array_equal(decode(3, frames=1), expected[3])
     runner.fused_cp_rows = 8
+    np.testing.assert_array_equal(decode(3, frames=1), expected[3])
+    runner.fused_talker_rows = 8  # the talker's layers fused as well
+    np.testing.assert_array_equal(decode(1, frames=2), expected[1])
     np.testing.assert_array_equal(decode(3, frames=1), expected[3])
     print("codes equal")
 """)
@@ -95,4 +132,4 @@ SCRIPT = textwrap.dedent("""
 @pytest.mark.slow
 def test_fused_layers_compute_the_torch_stack():
     out = run_interpreted(SCRIPT)
-    assert "passes 12" in out and "codes equal" in out
+    assert "passes 12" in out and "talker steps 4" in out and "codes equal" in out

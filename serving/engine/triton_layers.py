@@ -1,24 +1,27 @@
-"""The code predictor's decoder layers for a few rows, as five Triton kernels per layer, for CUDA.
+"""Decoder layers for a few rows, as five Triton kernels per layer, for CUDA: the code predictor's and the talker's.
 
-A frame runs the code predictor's 5 layers 15 times, one or two positions per row. At batch 1 on an H100 such a
-layer was ~13 kernels: four cuBLAS GEMVs (plus split-K reductions) and ~9 small fused kernels (norms, q/k norm
-and rotary, cache writes, attention, SiLU, residual additions) of 1-1.5 us each, with a launch gap between any
-two; the small ones and the gaps were ~40% of a 5 ms frame (docs/performance.md). Here a layer is:
+A frame runs the code predictor's 5 layers 15 times, one or two positions per row, and the talker's 28 layers
+once. At batch 1 on an H100 such a layer was ~13 kernels: four cuBLAS GEMVs (plus split-K reductions) and ~9
+small fused kernels (norms, q/k norm and rotary, cache writes, attention, SiLU, residual additions) of 1-1.5 us
+each, with a launch gap between any two; the small ones and the gaps were ~40% of a 5 ms frame
+(docs/performance.md). Here a layer is:
 
 1. input norm + q/k/v projection (the norm in the same pass over the input, the fused weight of layers.py),
-2. q/k norm + rotary + cache write + attention over the frame's few cached positions (one program per row and
-   query head),
+2. q/k norm + rotary + cache write + attention: over up to MAX_KEYS cached positions one program per row and
+   query head holds them all (the code predictor's 16); over a longer cache (the talker's) the cache is cut
+   into MAX_KEYS-key blocks, one program per row, query head and block for the row's one new position, and a
+   second kernel merges the blocks' softmax parts (split-key decoding),
 3. output projection + residual addition,
 4. post-attention norm + gate/up projection + SiLU(gate) * up,
 5. down projection + residual addition,
 
-and the stack's final norm rides with each head's projection. The matrix products are tl.dot over
+and the code predictor's final norm rides with each head's projection. The matrix products are tl.dot over
 16-row tiles (rows beyond the call's are masked), so a call takes at most MAX_ROWS rows (batch x positions);
 calls of up to GEMV_ROWS rows multiply element by element instead, which keeps more loads in flight.
 Values are rounded to the model's dtype wherever the torch modules hand a tensor on (projections, q/k norms,
 rotary, residual sums), and computed in float32 in between; an input norm's 1 / RMS, a per-row factor, scales the
 product's sums rather than the norm's output, which is therefore not rounded on its own (bfloat16 noise: the
-logits stay within ~3% of their spread of the modules', docs/performance.md). The modules in serving.model.layers stay the definition of
+logits stay within ~3% (code predictor) and ~6% (talker) of their spread of the modules', docs/performance.md). The modules in serving.model.layers stay the definition of
 the maths and the path of every other call; tests run these kernels in Triton's interpreter against them.
 """
 
@@ -188,6 +191,89 @@ def _attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_ptr, s
         tl.store(dst + HALF + d, tl.sum(p[:, None] * v_hi, axis=0).to(dt))
 
 
+@triton.jit
+def _split_attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_ptr, spb,
+                            k_ptr, v_ptr, scb, sch, scs, part_ptr, scale, SPLITS: tl.constexpr,
+                            HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr, CHUNK: tl.constexpr):
+    """_attention_kernel for one new position per row over a cache of any length (the talker's), split over
+    keys: program (row b, query head h, split c) attends to the row's cached positions [c CHUNK, (c + 1) CHUNK)
+    below its new one, and split 0 to the new key and value too, from registers (normalised and rotated; the
+    group's first query head caches them), so no load waits for a store. Each writes its softmax's max, sum
+    and unnormalised output (float32) to part [B, H, SPLITS, 2 + 2 HALF]; _combine_kernel merges the row's live
+    splits (those below its position, and split 0). Splits past the row's position load nothing."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    c = tl.program_id(2)
+    D: tl.constexpr = 2 * HALF
+    GROUP: tl.constexpr = HEADS // KV_HEADS
+    g = h // GROUP
+    dt = k_ptr.dtype.element_ty
+    d = tl.arange(0, HALF)
+    cache = b * scb + g * sch
+    pos = tl.load(pos_ptr + b * spb)
+    src = qkv_ptr + b * (HEADS + 2 * KV_HEADS) * D
+    q_lo = tl.load(src + h * D + d).to(tl.float32)
+    q_hi = tl.load(src + h * D + HALF + d).to(tl.float32)
+    q_lo, q_hi = _head_norm_rope(q_lo, q_hi, qn_ptr, cos_ptr, sin_ptr, pos, eps, dt, HALF)
+    s = c * CHUNK + tl.arange(0, CHUNK)
+    ok = s < pos
+    at = cache + s[:, None] * scs + d[None, :]
+    k_lo = tl.load(k_ptr + at, mask=ok[:, None], other=0.0).to(tl.float32)
+    k_hi = tl.load(k_ptr + at + HALF, mask=ok[:, None], other=0.0).to(tl.float32)
+    v_lo = tl.load(v_ptr + at, mask=ok[:, None], other=0.0).to(tl.float32)
+    v_hi = tl.load(v_ptr + at + HALF, mask=ok[:, None], other=0.0).to(tl.float32)
+    score = (tl.sum(k_lo * q_lo[None, :], axis=1) + tl.sum(k_hi * q_hi[None, :], axis=1)) * scale
+    score = tl.where(ok, score, float("-inf"))
+    m = tl.max(score, axis=0)
+    if c == 0:  # the new position's key and value
+        new_lo = tl.load(src + (HEADS + g) * D + d).to(tl.float32)
+        new_hi = tl.load(src + (HEADS + g) * D + HALF + d).to(tl.float32)
+        new_lo, new_hi = _head_norm_rope(new_lo, new_hi, kn_ptr, cos_ptr, sin_ptr, pos, eps, dt, HALF)
+        val_lo = tl.load(src + (HEADS + KV_HEADS + g) * D + d).to(tl.float32)
+        val_hi = tl.load(src + (HEADS + KV_HEADS + g) * D + HALF + d).to(tl.float32)
+        if h % GROUP == 0:
+            tl.store(k_ptr + cache + pos * scs + d, new_lo.to(dt))
+            tl.store(k_ptr + cache + pos * scs + HALF + d, new_hi.to(dt))
+            tl.store(v_ptr + cache + pos * scs + d, val_lo.to(dt))
+            tl.store(v_ptr + cache + pos * scs + HALF + d, val_hi.to(dt))
+        new = (tl.sum(new_lo * q_lo, axis=0) + tl.sum(new_hi * q_hi, axis=0)) * scale
+        m = tl.maximum(m, new)
+        p_new = tl.exp(new - m)
+        p = tl.exp(score - m)
+        total = tl.sum(p, axis=0) + p_new
+        out_lo = tl.sum(p[:, None] * v_lo, axis=0) + p_new * val_lo
+        out_hi = tl.sum(p[:, None] * v_hi, axis=0) + p_new * val_hi
+    else:
+        p = tl.exp(score - m)
+        total = tl.sum(p, axis=0)
+        out_lo = tl.sum(p[:, None] * v_lo, axis=0)
+        out_hi = tl.sum(p[:, None] * v_hi, axis=0)
+    part = part_ptr + ((b * HEADS + h) * SPLITS + c) * (2 + D)
+    tl.store(part, m)
+    tl.store(part + 1, total)
+    tl.store(part + 2 + d, out_lo)
+    tl.store(part + 2 + HALF + d, out_hi)
+
+
+@triton.jit
+def _combine_kernel(part_ptr, pos_ptr, spb, out_ptr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+                    HEADS: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr):
+    """Program (row b, query head h): the softmax over the row's live splits of _split_attention_kernel."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    pos = tl.load(pos_ptr + b * spb)
+    c = tl.arange(0, SPLITS_P2)
+    live = c * CHUNK < tl.maximum(pos, 1)
+    part = part_ptr + (b * HEADS + h) * SPLITS * (2 + D) + c * (2 + D)
+    m = tl.load(part, mask=live, other=float("-inf"))
+    total = tl.load(part + 1, mask=live, other=0.0)
+    d = tl.arange(0, D)
+    acc = tl.load(part[:, None] + 2 + d[None, :], mask=live[:, None], other=0.0)
+    w = tl.where(live, tl.exp(m - tl.max(m, axis=0)), 0.0)
+    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * total, axis=0)
+    tl.store(out_ptr + (b * HEADS + h) * D + d, out.to(out_ptr.dtype.element_ty))
+
+
 GEMV_ROWS = 4  # calls of up to this many rows multiply element by element, larger ones by tl.dot
 # tiles (BLOCK_N, BLOCK_K, warps, stages) by role and kind, from benchmarks/fused_layers_bench.py on an H100
 _TILES = {"qkv": {"gemv": (2, 1024, 4, 3), "dot": (32, 128, 4, 3)},
@@ -236,13 +322,29 @@ def attention(qkv: torch.Tensor, attn, cos: torch.Tensor, sin: torch.Tensor, pos
               k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
     """Attention.forward after its projection, for the L = M / B new positions of each row: qkv [M, (H+2KV)D]
     -> [M, H D]; keys and values go into k_cache/v_cache [B, KV, S, D] at `positions` [B, L], and position p
-    attends to the cached positions 0..p."""
+    attends to the cached positions 0..p. A cache of up to MAX_KEYS positions is held in registers whole; a
+    longer one (the talker's) takes one new position per row, its keys read in splits of MAX_KEYS at once."""
     batch, seq = positions.shape
     out = torch.empty((qkv.shape[0], attn.num_heads * attn.head_dim), dtype=qkv.dtype, device=qkv.device)
-    _attention_kernel[(batch, attn.num_heads)](
-        qkv, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin, positions, *positions.stride(),
-        k_cache, v_cache, *k_cache.stride()[:3], out, attn.scale, L=seq, HEADS=attn.num_heads,
-        KV_HEADS=attn.num_kv_heads, HALF=attn.head_dim // 2, KEYS=triton.next_power_of_2(k_cache.shape[2]))
+    shared = (qkv, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin, positions)
+    if k_cache.shape[2] <= MAX_KEYS:
+        _attention_kernel[(batch, attn.num_heads)](
+            *shared, *positions.stride(), k_cache, v_cache, *k_cache.stride()[:3], out, attn.scale, L=seq,
+            HEADS=attn.num_heads, KV_HEADS=attn.num_kv_heads, HALF=attn.head_dim // 2,
+            KEYS=triton.next_power_of_2(k_cache.shape[2]))
+    elif seq == 1:
+        splits = triton.cdiv(k_cache.shape[2], MAX_KEYS)
+        part = torch.empty((batch, attn.num_heads, splits, 2 + attn.head_dim), dtype=torch.float32,
+                           device=qkv.device)
+        _split_attention_kernel[(batch, attn.num_heads, splits)](
+            *shared, positions.stride(0), k_cache, v_cache, *k_cache.stride()[:3], part, attn.scale, SPLITS=splits,
+            HEADS=attn.num_heads, KV_HEADS=attn.num_kv_heads, HALF=attn.head_dim // 2, CHUNK=MAX_KEYS)
+        _combine_kernel[(batch, attn.num_heads)](part, positions, positions.stride(0), out, SPLITS=splits,
+                                                 SPLITS_P2=triton.next_power_of_2(splits), HEADS=attn.num_heads,
+                                                 D=attn.head_dim, CHUNK=MAX_KEYS)
+    else:
+        raise ValueError(f"{seq} new positions per row over a cache of {k_cache.shape[2]} (> {MAX_KEYS}): "
+                         "the fused layers take one")
     return out
 
 
@@ -253,12 +355,11 @@ class FusedStack:
         self.stack = stack
 
     @staticmethod
-    def supports(stack: DecoderStack, cache_len: int) -> bool:
-        """Stacks without attention biases, with head_dim a power of two and a cache of at most MAX_KEYS
-        positions (the code predictor's)."""
+    def supports(stack: DecoderStack) -> bool:
+        """Stacks without attention biases, with head_dim a power of two."""
         cfg = stack.cfg
         d = cfg.head_dim
-        return not cfg.attention_bias and d >= 2 and d & (d - 1) == 0 and cache_len <= MAX_KEYS
+        return not cfg.attention_bias and d >= 2 and d & (d - 1) == 0
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor) -> torch.Tensor:
