@@ -146,6 +146,10 @@ def configure(runner, variant: str) -> None:
     bucket = variant == "compile-bucket-attention" or not runner.row_length_attention
     for layer in runner.talker.model.layers:
         layer.self_attn.decode_attention = None if bucket else triton_attention.decode_attention
+    # compile-pdl-off: the fused layers launched plainly (before programmatic dependent launch)
+    from serving.engine import triton_layers
+
+    triton_layers.PDL = variant != "compile-pdl-off"
     if variant == "compile-torch-sampler":  # the torch candidate sampler compiled (before the Triton kernel)
         runner._sample_candidates = torch.compile(_torch_candidates, dynamic=True)
     if variant == "compile-cdt":  # gpt-fast's recipe: batch-1 matmuls become fused, tuned Triton reductions

@@ -4,7 +4,8 @@ For each matrix-product role of a fused layer and each row count a frame's code 
 every tile of a small sweep against cuBLAS's plain product (F.linear, which does less: no norm, no epilogue), 20
 calls in a CUDA graph, each call on its own weight (so, as in a frame, the weights come from HBM, not L2); and
 the attention kernel. Prints a table and the best tile per role; a measurement to choose triton_layers._TILES.
-First it compares the fused stacks' logits with the torch stacks' in bfloat16 (see agreement).
+First it compares the fused stacks' logits with the torch stacks' in bfloat16 (see agreement), and the
+fused layers with and without programmatic dependent launch (see pdl_check).
 
     python benchmarks/fused_layers_bench.py [--rows 1,2,4,8,16] [--json TILES.json] [--agreement-only]
 """
@@ -39,12 +40,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="1,2,4,8,16")
     ap.add_argument("--json", help="write the best tile per role here (decode_bench.py --tiles reads it)")
-    ap.add_argument("--agreement-only", action="store_true", help="only compare the fused stack with the torch one")
+    ap.add_argument("--agreement-only", action="store_true",
+                    help="only compare the fused stacks with the torch ones, and PDL on and off")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     dev = torch.device("cuda")
     print(f"device {torch.cuda.get_device_name()}; torch {torch.__version__}")
     agreement(dev)
+    pdl_check(dev)
     if args.agreement_only:
         return
     tiles = {"dot": list(itertools.product((16, 32, 64), (128, 256), (4,), (3, 4))),
@@ -99,6 +102,37 @@ def main() -> None:
         pos = torch.arange(seq, device=dev).expand(batch, seq) + (0 if seq == 2 else 9)
         us = us_per_call(lambda i: triton_layers.attention(qkv, attn, rotary.cos, rotary.sin, pos, k, v), CALLS)
         print(f"| {batch} x {seq} | {us:.2f} |", flush=True)
+
+
+def pdl_check(dev: torch.device) -> None:
+    """Programmatic dependent launch changes when a kernel starts, never what it computes: a fused stack's pass
+    (the 0.6B talker's 28 layers over a 1024-position cache, the code predictor's 5 over 16) captured in a CUDA
+    graph with triton_layers.PDL off and on must give bit-identical outputs and caches; and its time per pass
+    (PDL applies to calls of up to PDL_ROWS rows)."""
+    print("| stack | rows | PDL | us per pass | identical to off |")
+    print("|---|---|---|---|---|")
+    for name, layers, cache_len in (("talker", 28, 1024), ("code predictor", 5, 16)):
+        cfg = TransformerConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
+                                num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                                rope_theta=1e6, max_position_embeddings=cache_len, vocab_size=2048)
+        torch.manual_seed(0)
+        fused = triton_layers.FusedStack(DecoderStack(cfg, max_positions=cache_len).to(dev, torch.bfloat16))
+        for batch in (1, 2, 4):
+            cache = KVCache.for_stack(cfg, batch, cache_len, torch.bfloat16, dev)
+            cache.k.normal_(), cache.v.normal_()
+            pos = torch.randint(1, cache_len - 1, (batch, 1), device=dev)
+            x = torch.randn(batch, 1, 1024, dtype=torch.bfloat16, device=dev)
+            off = None
+            for on in (False, True, False, True):
+                triton_layers.PDL = on
+                k, v = cache.k.clone(), cache.v.clone()
+                with torch.inference_mode():
+                    us = us_per_call(lambda i: fused(x, pos, k, v), CALLS)
+                    out = (fused(x, pos, k, v), k, v)
+                off = off or out
+                same = "yes" if all(torch.equal(a, b) for a, b in zip(off, out)) else "NO"
+                print(f"| {name} | {batch} | {'on' if on else 'off'} | {us:.1f} | {same} |", flush=True)
+    triton_layers.PDL = True
 
 
 def agreement(dev: torch.device) -> None:

@@ -133,3 +133,29 @@ SCRIPT = textwrap.dedent("""
 def test_fused_layers_compute_the_torch_stack():
     out = run_interpreted(SCRIPT)
     assert "passes 12" in out and "talker steps 4" in out and "codes equal" in out
+
+
+def test_programmatic_dependent_launch_only_for_few_rows_on_hopper(monkeypatch):
+    """PDL goes to calls of up to PDL_ROWS rows on CUDA devices of compute capability 9 or later, never on the
+    CPU or in the interpreter, and not when switched off; a kernel gets PDL=True exactly when it is launched so."""
+    import torch
+
+    from serving.engine import triton_layers
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(triton_layers, "_INTERPRET", False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert triton_layers._pdl(cuda, 1) == {"PDL": True, "launch_pdl": True}
+    assert triton_layers._pdl(cuda, triton_layers.PDL_ROWS) == {"PDL": True, "launch_pdl": True}
+    assert triton_layers._pdl(cuda, triton_layers.PDL_ROWS + 1) == {"PDL": False}
+    assert triton_layers._launch(1, 64, 64, "qkv", cuda)["launch_pdl"] is True
+    assert "launch_pdl" not in triton_layers._launch(8, 64, 64, "qkv", cuda)
+    assert triton_layers._pdl(torch.device("cpu"), 1) == {"PDL": False}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert triton_layers._pdl(cuda, 1) == {"PDL": False}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(triton_layers, "PDL", False)
+    assert triton_layers._pdl(cuda, 1) == {"PDL": False}
+    monkeypatch.setattr(triton_layers, "PDL", True)
+    monkeypatch.setattr(triton_layers, "_INTERPRET", True)
+    assert triton_layers._pdl(cuda, 1) == {"PDL": False}

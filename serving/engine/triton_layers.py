@@ -32,6 +32,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from serving.model.layers import DecoderStack
 
@@ -40,7 +41,22 @@ MAX_KEYS = 64  # cached positions one attention program holds at once (the code 
 # Triton's CPU interpreter multiplies bfloat16 tiles wrongly in tl.dot (3.6: raw bits), so there the products
 # take float32 copies of the same values (DOT_F32): a bfloat16 product is exact in float32, the sums are float32
 # either way
-_DOT_F32 = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_DOT_F32 = _INTERPRET
+# Programmatic dependent launch (CUDA, compute capability 9+) for calls of up to PDL_ROWS rows: a kernel's
+# programs are launched while the previous kernel finishes and wait for it (gdc_wait) before reading anything.
+# At 1-2 rows the code predictor's passes gain ~5%; at 4-8 rows the waiting programs slowed the running ones
+# (docs/performance.md). False: plain launches (benchmarks/decode_bench.py compile-pdl-off).
+PDL = True
+PDL_ROWS = 2
+
+
+@triton.jit
+def _pdl_wait(PDL: tl.constexpr):
+    """Under programmatic dependent launch: wait for the previous kernel, then let the next one launch."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -59,16 +75,17 @@ def _accumulate(acc, a, w, DOT: tl.constexpr, DOT_F32: tl.constexpr):
 @triton.jit
 def _norm_matmul_kernel(x_ptr, sxm, norm_ptr, w_ptr, out_ptr, M, K: tl.constexpr, N, eps, GATED: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
-                        DOT_F32: tl.constexpr):
+                        DOT_F32: tl.constexpr, PDL: tl.constexpr):
     """out[:, n] = RMSNorm(x) @ w[n]^T; GATED: w holds gate rows [0, N) then up rows [N, 2N) and
     out = SiLU(gate) * up. The rows' 1 / RMS is a per-row factor of the product, so it is summed in the same
     pass over x and applied to the sums (no prologue pass, whose loads would wait one after another).
     DOT: the products by tl.dot (16-row tiles); else as float32 multiply-adds per element (a few rows: no tile
-    of 16 rows through shared memory)."""
+    of 16 rows through shared memory). PDL: _pdl_wait."""
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
+    _pdl_wait(PDL)
     dt = out_ptr.dtype.element_ty
     sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -96,13 +113,14 @@ def _norm_matmul_kernel(x_ptr, sxm, norm_ptr, w_ptr, out_ptr, M, K: tl.constexpr
 @triton.jit
 def _matmul_residual_kernel(x_ptr, w_ptr, res_ptr, out_ptr, M, K: tl.constexpr, N,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
-                            DOT_F32: tl.constexpr):
-    """out = res + x @ w^T (the product rounded to the model dtype first, as a module's output is); DOT as in
-    _norm_matmul_kernel."""
+                            DOT_F32: tl.constexpr, PDL: tl.constexpr):
+    """out = res + x @ w^T (the product rounded to the model dtype first, as a module's output is); DOT and PDL
+    as in _norm_matmul_kernel."""
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
+    _pdl_wait(PDL)
     dt = out_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -135,11 +153,13 @@ def _head_norm_rope(lo, hi, norm_ptr, cos_ptr, sin_ptr, pos, eps, dt, HALF: tl.c
 @triton.jit
 def _attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_ptr, spb, spl,
                       k_ptr, v_ptr, scb, sch, scs, out_ptr, scale, L: tl.constexpr,
-                      HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr, KEYS: tl.constexpr):
+                      HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr, KEYS: tl.constexpr,
+                      PDL: tl.constexpr):
     """Program (row b, query head h): normalises and rotates the keys of the row's L new positions (h's key/value
     head; the group's first query head caches them and the values), then each new position of h attends to
     the positions up to its own. All loads are issued up front: the cached positions come from the cache and
     the new ones from registers, so no load waits for a store."""
+    _pdl_wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     D: tl.constexpr = 2 * HALF
@@ -194,13 +214,15 @@ def _attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_ptr, s
 @triton.jit
 def _split_attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_ptr, spb,
                             k_ptr, v_ptr, scb, sch, scs, part_ptr, scale, SPLITS: tl.constexpr,
-                            HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr, CHUNK: tl.constexpr):
+                            HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr, CHUNK: tl.constexpr,
+                            PDL: tl.constexpr):
     """_attention_kernel for one new position per row over a cache of any length (the talker's), split over
     keys: program (row b, query head h, split c) attends to the row's cached positions [c CHUNK, (c + 1) CHUNK)
     below its new one, and split 0 to the new key and value too, from registers (normalised and rotated; the
     group's first query head caches them), so no load waits for a store. Each writes its softmax's max, sum
     and unnormalised output (float32) to part [B, H, SPLITS, 2 + 2 HALF]; _combine_kernel merges the row's live
     splits (those below its position, and split 0). Splits past the row's position load nothing."""
+    _pdl_wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     c = tl.program_id(2)
@@ -257,8 +279,9 @@ def _split_attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_
 
 @triton.jit
 def _combine_kernel(part_ptr, pos_ptr, spb, out_ptr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-                    HEADS: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr):
+                    HEADS: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr):
     """Program (row b, query head h): the softmax over the row's live splits of _split_attention_kernel."""
+    _pdl_wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     pos = tl.load(pos_ptr + b * spb)
@@ -283,7 +306,15 @@ _TILES = {"qkv": {"gemv": (2, 1024, 4, 3), "dot": (32, 128, 4, 3)},
           "head": {"gemv": (2, 1024, 4, 3), "dot": (16, 256, 4, 3)}}
 
 
-def _launch(m: int, n: int, k: int, role: str) -> dict:
+def _pdl(device: torch.device, rows: int) -> dict:
+    """Launch arguments for a call of `rows` rows: PDL (see above) needs CUDA compute capability 9 (Hopper) or
+    later, and Triton's interpreter has none."""
+    on = (PDL and rows <= PDL_ROWS and not _INTERPRET and device.type == "cuda"
+          and torch.cuda.get_device_capability(device)[0] >= 9)
+    return dict(PDL=on, launch_pdl=True) if on else dict(PDL=False)
+
+
+def _launch(m: int, n: int, k: int, role: str, device: torch.device) -> dict:
     """Grid and compile-time arguments of a product of m rows by an n x k weight in `role`; the role's tile is
     narrowed to small weights (tl.dot needs 16 at least in every dimension)."""
     dot = m > GEMV_ROWS
@@ -292,7 +323,8 @@ def _launch(m: int, n: int, k: int, role: str) -> dict:
     block_n = min(block_n, max(least, triton.next_power_of_2(n)))
     block_k = min(block_k, max(16, triton.next_power_of_2(k)))
     return dict(grid=(triton.cdiv(n, block_n),), BLOCK_M=MAX_ROWS if dot else triton.next_power_of_2(m),
-                BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot, DOT_F32=_DOT_F32, num_warps=warps, num_stages=stages)
+                BLOCK_N=block_n, BLOCK_K=block_k, DOT=dot, DOT_F32=_DOT_F32, num_warps=warps, num_stages=stages,
+                **_pdl(device, m))
 
 
 def norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor, role: str,
@@ -302,7 +334,7 @@ def norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: 
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    launch = _launch(m, n, k, role)
+    launch = _launch(m, n, k, role, x.device)
     _norm_matmul_kernel[launch.pop("grid")](x, x.stride(0), norm_weight, weight, out, m, k, n, eps, GATED=gated,
                                             **launch)
     return out
@@ -313,7 +345,7 @@ def matmul_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
     m, k = x.shape
     n = weight.shape[0]
     out = torch.empty_like(residual)
-    launch = _launch(m, n, k, role)
+    launch = _launch(m, n, k, role, x.device)
     _matmul_residual_kernel[launch.pop("grid")](x, weight, residual, out, m, k, n, **launch)
     return out
 
@@ -327,21 +359,22 @@ def attention(qkv: torch.Tensor, attn, cos: torch.Tensor, sin: torch.Tensor, pos
     batch, seq = positions.shape
     out = torch.empty((qkv.shape[0], attn.num_heads * attn.head_dim), dtype=qkv.dtype, device=qkv.device)
     shared = (qkv, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin, positions)
+    pdl = _pdl(qkv.device, qkv.shape[0])
     if k_cache.shape[2] <= MAX_KEYS:
         _attention_kernel[(batch, attn.num_heads)](
             *shared, *positions.stride(), k_cache, v_cache, *k_cache.stride()[:3], out, attn.scale, L=seq,
             HEADS=attn.num_heads, KV_HEADS=attn.num_kv_heads, HALF=attn.head_dim // 2,
-            KEYS=triton.next_power_of_2(k_cache.shape[2]))
+            KEYS=triton.next_power_of_2(k_cache.shape[2]), **pdl)
     elif seq == 1:
         splits = triton.cdiv(k_cache.shape[2], MAX_KEYS)
         part = torch.empty((batch, attn.num_heads, splits, 2 + attn.head_dim), dtype=torch.float32,
                            device=qkv.device)
         _split_attention_kernel[(batch, attn.num_heads, splits)](
             *shared, positions.stride(0), k_cache, v_cache, *k_cache.stride()[:3], part, attn.scale, SPLITS=splits,
-            HEADS=attn.num_heads, KV_HEADS=attn.num_kv_heads, HALF=attn.head_dim // 2, CHUNK=MAX_KEYS)
+            HEADS=attn.num_heads, KV_HEADS=attn.num_kv_heads, HALF=attn.head_dim // 2, CHUNK=MAX_KEYS, **pdl)
         _combine_kernel[(batch, attn.num_heads)](part, positions, positions.stride(0), out, SPLITS=splits,
                                                  SPLITS_P2=triton.next_power_of_2(splits), HEADS=attn.num_heads,
-                                                 D=attn.head_dim, CHUNK=MAX_KEYS)
+                                                 D=attn.head_dim, CHUNK=MAX_KEYS, **pdl)
     else:
         raise ValueError(f"{seq} new positions per row over a cache of {k_cache.shape[2]} (> {MAX_KEYS}): "
                          "the fused layers take one")
