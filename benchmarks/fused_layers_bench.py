@@ -51,7 +51,7 @@ def main() -> None:
     if args.agreement_only:
         return
     tiles = {"dot": list(itertools.product((16, 32, 64), (128, 256), (4,), (3, 4))),
-             "gemv": list(itertools.product((2, 4, 8), (512, 1024), (4, 8), (3,)))}
+             "gemv": list(itertools.product((1, 2, 4, 8), (512, 1024, 2048), (2, 4, 8), (3,)))}
     print("| role (K x N) | rows | cuBLAS us | fused, current tile us | best tile us | best tile (n, k, warps, stages) |")
     print("|---|---|---|---|---|---|")
     best_by_role = {}

@@ -299,11 +299,12 @@ def _combine_kernel(part_ptr, pos_ptr, spb, out_ptr, SPLITS: tl.constexpr, SPLIT
 
 GEMV_ROWS = 4  # calls of up to this many rows multiply element by element, larger ones by tl.dot
 # tiles (BLOCK_N, BLOCK_K, warps, stages) by role and kind, from benchmarks/fused_layers_bench.py on an H100
-_TILES = {"qkv": {"gemv": (2, 1024, 4, 3), "dot": (32, 128, 4, 3)},
-          "gate_up": {"gemv": (2, 1024, 4, 3), "dot": (32, 128, 4, 3)},
-          "o": {"gemv": (2, 1024, 4, 3), "dot": (16, 256, 4, 4)},
-          "down": {"gemv": (2, 1024, 4, 3), "dot": (16, 256, 4, 4)},
-          "head": {"gemv": (2, 1024, 4, 3), "dot": (16, 256, 4, 3)}}
+# (gemv: session 12, under programmatic dependent launch, --rows 1,2)
+_TILES = {"qkv": {"gemv": (2, 1024, 2, 3), "dot": (32, 128, 4, 3)},
+          "gate_up": {"gemv": (2, 1024, 2, 3), "dot": (32, 128, 4, 3)},
+          "o": {"gemv": (2, 2048, 4, 3), "dot": (16, 256, 4, 4)},
+          "down": {"gemv": (1, 1024, 2, 3), "dot": (16, 256, 4, 4)},
+          "head": {"gemv": (4, 1024, 2, 3), "dot": (16, 256, 4, 3)}}
 
 
 def _pdl(device: torch.device, rows: int) -> dict:
