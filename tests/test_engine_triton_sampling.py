@@ -25,7 +25,9 @@ SCRIPT = textwrap.dedent("""
 
     gen = torch.Generator().manual_seed(0)
     checked = 0
-    for vocab, dtype in ((2048, torch.bfloat16), (3072, torch.float32), (37, torch.float32)):
+    for vocab, dtype, bits in ((2048, torch.bfloat16, 1), (2048, torch.bfloat16, 2), (3072, torch.float32, 4),
+                               (37, torch.float32, 2)):
+        triton_sampling.RADIX_BITS = bits  # digits of the radix select per counting pass
         for _ in range(4):
             batch = 16
             logits = (torch.randn(batch, vocab, generator=gen) * 3).to(dtype)
@@ -46,7 +48,7 @@ SCRIPT = textwrap.dedent("""
             expected = general(logits, params, seed, frame, group)
             got = triton_sampling.sample_top_candidates(logits, params, seed, frame, group)
             assert got.dtype == torch.int64 and got.shape == (batch,)
-            assert torch.equal(got, expected), (vocab, dtype, got.tolist(), expected.tolist())
+            assert torch.equal(got, expected), (vocab, dtype, bits, got.tolist(), expected.tolist())
             assert torch.equal(got[3:], sample_top_candidates(logits.float(), params, seed, frame, group)[3:])
             checked += batch
     # a row view with a stride (the code predictor's logits are contiguous, the general case is not)
@@ -61,7 +63,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_fused_kernel_draws_the_candidate_samplers_tokens():
-    assert "rows 192" in run_interpreted(SCRIPT)
+    assert "rows 256" in run_interpreted(SCRIPT)
 
 
 def test_the_talker_stage_draws_with_the_kernel_on_cuda_only():

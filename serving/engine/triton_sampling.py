@@ -4,7 +4,7 @@ A frame draws 16 times. The torch version, compiled, is a top-k selection plus ~
 draw on an H100, ~0.5 ms of a 5.6-8.4 ms frame; this kernel takes 10-14 us (benchmarks/sampler_bench.py,
 docs/performance.md). Here one program per row reads the row's logits once (bf16 or fp32, no conversion
 kernel before it) and does everything in registers: the k-th largest score by a radix select over the scores'
-order-preserving bits (32 counting passes, no sort), the softmax over the kept scores, the per-request noise
+order-preserving bits (32 / RADIX_BITS counting passes, no sort), the softmax over the kept scores, the per-request noise
 (the same hash as rng.exponential_noise_at, so the draws equal the torch path's), and the exponential race.
 The tokens equal those of the general sampler (serving.model.sampler.sample on the same noise) and so of
 sample_top_candidates, with one difference from the latter: where more than CANDIDATES scores tie at the k-th
@@ -34,7 +34,7 @@ def _mix32(x):
 
 @triton.jit
 def _sample_kernel(logits_ptr, row_stride, do_sample_ptr, temperature_ptr, top_k_ptr, seed_ptr, frame_ptr, out_ptr,
-                   group, vocab, max_k, BLOCK: tl.constexpr):
+                   group, vocab, max_k, BLOCK: tl.constexpr, BITS: tl.constexpr):
     row = tl.program_id(0)
     ids = tl.arange(0, BLOCK)
     valid = ids < vocab
@@ -49,11 +49,15 @@ def _sample_kernel(logits_ptr, row_stride, do_sample_ptr, temperature_ptr, top_k
     negative = (bits >> 31) != 0
     keys = tl.where(negative, bits ^ tl.full((), 0xFFFFFFFF, tl.uint32), bits | tl.full((), 0x80000000, tl.uint32))
     keys = tl.where(valid, keys, tl.zeros((), tl.uint32))
-    # radix select: the largest key T with at least k keys >= T is the k-th largest score's key
+    # radix select: the largest key T with at least k keys >= T is the k-th largest score's key, found BITS bits
+    # at a time from the top: of the 2**BITS next digits, the largest that keeps k keys at or above (digit 0
+    # always does), all counted in one reduction
     kth = tl.zeros((), dtype=tl.uint32)
-    for i in range(32):
-        candidate = kth | (tl.full((), 1, tl.uint32) << (31 - i))
-        kth = tl.where(tl.sum((keys >= candidate).to(tl.int32), 0) >= k, candidate, kth)
+    digits = tl.arange(0, 1 << BITS).to(tl.uint32)
+    for i in range(32 // BITS):
+        shift = 32 - BITS * (i + 1)
+        counts = tl.sum((keys[None, :] >= (kth | (digits << shift))[:, None]).to(tl.int32), 1)
+        kth = kth | ((tl.sum((counts >= k).to(tl.int32), 0) - 1).to(tl.uint32) << shift)
     kept = valid & (keys >= kth)
     top = tl.max(tl.where(kept, scores, float("-inf")), 0)
     weights = tl.where(kept, tl.exp(scores - top), 0.0)
@@ -71,6 +75,7 @@ def _sample_kernel(logits_ptr, row_stride, do_sample_ptr, temperature_ptr, top_k
 
 
 NUM_WARPS = 8  # per program (one row): the best of 4, 8 and 16 on an H100 (benchmarks/sampler_bench.py)
+RADIX_BITS = 2  # bits of the k-th score's key found per counting pass (1, 2 or 4; sampler_bench.py)
 
 
 def sample_top_candidates(logits: torch.Tensor, params: SamplingParams, seed: torch.Tensor, frame: torch.Tensor,
@@ -82,6 +87,6 @@ def sample_top_candidates(logits: torch.Tensor, params: SamplingParams, seed: to
     out = torch.empty(batch, dtype=torch.int64, device=logits.device)
     block = triton.next_power_of_2(vocab)
     _sample_kernel[(batch,)](logits, logits.stride(0), params.do_sample, params.temperature, params.top_k, seed,
-                             frame, out, group, vocab, min(CANDIDATES, vocab), BLOCK=block,
+                             frame, out, group, vocab, min(CANDIDATES, vocab), BLOCK=block, BITS=RADIX_BITS,
                              num_warps=NUM_WARPS)
     return out
