@@ -1,10 +1,11 @@
 """Where one request's prefill goes on a GPU: prompt building, the talker's pass, the slot's setup.
 
-    python benchmarks/prefill_timing.py --model DIR [--profile OUT.txt]
+    python benchmarks/prefill_timing.py --model DIR [--configs eager,compiled,graphs] [--profile OUT.txt]
 
 The served first audio of a lone request is prefill + first chunk frames + one codec call (the engine's phases,
-benchmarks/engine_phases.py); this splits the prefill, eager and with compiled layers (new prompt lengths
-included, since a compiled layer may specialise on them), and profiles one compiled call by operator.
+benchmarks/engine_phases.py); this splits the prefill, eager, with compiled layers, and as served (compiled layers and
+CUDA graphs: prefill graphs per prompt-length bucket), new prompt lengths included since a compiled layer may
+specialise on them; and profiles one call of the last configuration by operator.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ TEXTS = ["Could you repeat that, please?", "Please hold the line for a moment.",
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
+    ap.add_argument("--configs", default="eager,compiled,graphs")
     ap.add_argument("--profile")
     args = ap.parse_args()
 
@@ -40,9 +42,11 @@ def main() -> None:
         torch.cuda.synchronize()
         return (time.perf_counter() - t0) * 1e3
 
-    for compiled in (False, True):
+    names = {"eager": "eager", "compiled": "compiled layers", "graphs": "compiled layers + CUDA graphs"}
+    configs = args.configs.split(",")
+    for name in configs:
         config = EngineConfig(model=args.model, load_format="dummy", max_batch_size=8, max_model_len=1024,
-                              ignore_eos=True, enforce_eager=True, compile=compiled)
+                              ignore_eos=True, enforce_eager=name != "graphs", compile=name != "eager")
         runner, _codec, _info = load_stages(config)
         runner.warmup()
         cache = runner._voice_cache_lookup
@@ -56,13 +60,12 @@ def main() -> None:
                 total = wall(lambda: runner.prefill_many([(slot, req)]))
                 positions = runner.prompts.build_many([req], cache)[0][0].prefill.shape[0]
                 rows.append((rep, len(text), positions, build, total))
-        print(f"== {'compiled layers' if compiled else 'eager'}: (repeat, chars, prompt positions, build ms, "
-              f"prefill_many ms)")
+        print(f"== {names[name]}: (repeat, chars, prompt positions, build ms, prefill_many ms)")
         for r in rows:
             print("  ", r[0], r[1], r[2], f"{r[3]:.1f}", f"{r[4]:.1f}")
         print(f"  median prefill_many {statistics.median(r[4] for r in rows[4:]):.1f} ms, build "
               f"{statistics.median(r[3] for r in rows[4:]):.1f} ms", flush=True)
-        if compiled and args.profile:
+        if name == configs[-1] and args.profile:
             from torch.profiler import ProfilerActivity, profile
 
             runner.release(0)
