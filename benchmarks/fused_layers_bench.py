@@ -30,6 +30,13 @@ ROLES = {"qkv": (1024, 4096), "gate_up": (1024, 2 * 3072), "o": (2048, 1024), "d
          "head": (1024, 2048)}
 
 
+def stack_config(layers: int, positions: int, vocab: int = 2048) -> TransformerConfig:
+    """A 0.6B decoder stack's shapes (the code predictor's and the talker's layers are alike)."""
+    return TransformerConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
+                             num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                             rope_theta=1e6, max_position_embeddings=positions, vocab_size=vocab)
+
+
 def run(role: str, x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     if role in ("o", "down"):
         return triton_layers.matmul_residual(x, w, residual, role)
@@ -88,10 +95,7 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(best_by_role, f)
 
-    cfg = TransformerConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=1, num_attention_heads=16,
-                            num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
-                            max_position_embeddings=16, vocab_size=2048)
-    attn = Attention(cfg).to(dev, torch.bfloat16)
+    attn = Attention(stack_config(1, 16)).to(dev, torch.bfloat16)
     rotary = RotaryTable(128, 1e6, 16).to(dev)
     print("| attention: batch x positions | us per call |")
     print("|---|---|")
@@ -109,12 +113,11 @@ def pdl_check(dev: torch.device) -> None:
     (the 0.6B talker's 28 layers over a 1024-position cache, the code predictor's 5 over 16) captured in a CUDA
     graph with triton_layers.PDL off and on must give bit-identical outputs and caches; and its time per pass
     (PDL applies to calls of up to PDL_ROWS rows)."""
+    before = triton_layers.PDL
     print("| stack | rows | PDL | us per pass | identical to off |")
     print("|---|---|---|---|---|")
     for name, layers, cache_len in (("talker", 28, 1024), ("code predictor", 5, 16)):
-        cfg = TransformerConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
-                                num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
-                                rope_theta=1e6, max_position_embeddings=cache_len, vocab_size=2048)
+        cfg = stack_config(layers, cache_len)
         torch.manual_seed(0)
         fused = triton_layers.FusedStack(DecoderStack(cfg, max_positions=cache_len).to(dev, torch.bfloat16))
         for batch in (1, 2, 4):
@@ -132,7 +135,7 @@ def pdl_check(dev: torch.device) -> None:
                 off = off or out
                 same = "yes" if all(torch.equal(a, b) for a, b in zip(off, out)) else "NO"
                 print(f"| {name} | {batch} | {'on' if on else 'off'} | {us:.1f} | {same} |", flush=True)
-    triton_layers.PDL = True
+    triton_layers.PDL = before
 
 
 def agreement(dev: torch.device) -> None:
@@ -144,9 +147,7 @@ def agreement(dev: torch.device) -> None:
     print("| stack | rows | passes | max logit difference / logit std | same top code |")
     print("|---|---|---|---|---|")
     for name, layers, cache_len, vocab in (("code predictor", 5, 16, 2048), ("talker", 28, 1024, 3072)):
-        cfg = TransformerConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
-                                num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
-                                rope_theta=1e6, max_position_embeddings=cache_len, vocab_size=vocab)
+        cfg = stack_config(layers, cache_len, vocab)
         torch.manual_seed(0)
         stack = DecoderStack(cfg, max_positions=cache_len).to(dev, torch.bfloat16)
         head = torch.nn.Linear(1024, vocab, bias=False).to(dev, torch.bfloat16)
