@@ -145,6 +145,7 @@ def test_programmatic_dependent_launch_only_for_few_rows_on_hopper(monkeypatch):
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(triton_layers, "_INTERPRET", False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    triton_layers._has_pdl.cache_clear()
     assert triton_layers._pdl(cuda, 1) == {"PDL": True, "launch_pdl": True}
     assert triton_layers._pdl(cuda, triton_layers.PDL_ROWS) == {"PDL": True, "launch_pdl": True}
     assert triton_layers._pdl(cuda, triton_layers.PDL_ROWS + 1) == {"PDL": False}
@@ -152,10 +153,13 @@ def test_programmatic_dependent_launch_only_for_few_rows_on_hopper(monkeypatch):
     assert "launch_pdl" not in triton_layers._launch(8, 64, 64, "qkv", cuda)
     assert triton_layers._pdl(torch.device("cpu"), 1) == {"PDL": False}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    triton_layers._has_pdl.cache_clear()  # asked once per device
     assert triton_layers._pdl(cuda, 1) == {"PDL": False}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    triton_layers._has_pdl.cache_clear()
     monkeypatch.setattr(triton_layers, "PDL", False)
     assert triton_layers._pdl(cuda, 1) == {"PDL": False}
     monkeypatch.setattr(triton_layers, "PDL", True)
     monkeypatch.setattr(triton_layers, "_INTERPRET", True)
     assert triton_layers._pdl(cuda, 1) == {"PDL": False}
+    triton_layers._has_pdl.cache_clear()  # no faked capability left behind

@@ -27,6 +27,7 @@ the maths and the path of every other call; tests run these kernels in Triton's 
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -307,11 +308,17 @@ _TILES = {"qkv": {"gemv": (2, 1024, 2, 3), "dot": (32, 128, 4, 3)},
           "head": {"gemv": (4, 1024, 2, 3), "dot": (16, 256, 4, 3)}}
 
 
+@functools.cache
+def _has_pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch needs CUDA compute capability 9 (Hopper) or later (asked once per device:
+    every eager launch passes here)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _pdl(device: torch.device, rows: int) -> dict:
-    """Launch arguments for a call of `rows` rows: PDL (see above) needs CUDA compute capability 9 (Hopper) or
-    later, and Triton's interpreter has none."""
-    on = (PDL and rows <= PDL_ROWS and not _INTERPRET and device.type == "cuda"
-          and torch.cuda.get_device_capability(device)[0] >= 9)
+    """Launch arguments for a call of `rows` rows: PDL (see above) where the device has it; Triton's interpreter
+    has none."""
+    on = PDL and rows <= PDL_ROWS and not _INTERPRET and _has_pdl(device)
     return dict(PDL=on, launch_pdl=True) if on else dict(PDL=False)
 
 
