@@ -38,3 +38,27 @@ def test_bucketed_prefill_equals_the_direct_one_in_its_own_slot():
         assert not runner.kv.k[:, others].any() and not runner.kv.k[:, 2, :, bucket:].any()
     long_prompt = torch.zeros(65, runner.talker.cfg.transformer.hidden_size)
     assert graphs.run(long_prompt, 0) is None  # beyond the largest bucket: the batched path's job
+
+
+def test_an_admission_through_prefill_graphs_sets_up_every_slot_as_the_direct_prefill_does():
+    """prefill_many with graphs (run eagerly here): prompts that fit a bucket replay one by one and their slots
+    are set up together afterwards; a longer one takes the batched pass. Each slot ends as a direct prefill
+    of its request alone leaves it."""
+    runner, _codec, _info = load_stages(EngineConfig(model=str(resolve_model("tiny-random")), **CONFIG))
+    requests = [GenerationRequest(task="CustomVoice", text=text, speaker=speaker, max_new_tokens=20)
+                for text, speaker in ((TEXTS[0], "vivian"), (TEXTS[1], "ryan"), (TEXTS[1] * 2, "vivian"))]
+    want = []
+    for request in requests:
+        runner.prefill(0, request)
+        n = runner.lengths[0]
+        want.append((n, runner.hidden[0].clone(), runner.kv.k[:, 0, :, :n].clone(), runner.trailing_len[0].item()))
+        runner.release(0)
+    runner.prefill_graphs = PrefillGraphs(runner.talker.model, runner.kv, (32, 64), runner.device, runner.dtype)
+    assert want[2][0] > 64  # the third prompt is longer than every bucket
+    results = runner.prefill_many([(3, requests[0]), (1, requests[1]), (2, requests[2])])
+    assert not any(isinstance(r, Exception) for r in results)
+    for slot, (n, hidden, k, trailing) in zip((3, 1, 2), want):
+        assert runner.lengths[slot] == runner.pos[slot].item() == n
+        assert runner.active[slot].item() == 1 and runner.trailing_len[slot].item() == trailing
+        torch.testing.assert_close(runner.hidden[slot], hidden, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(runner.kv.k[:, slot, :, :n], k, atol=1e-5, rtol=1e-5)

@@ -264,13 +264,15 @@ class TalkerRunner:
         per step) this one served the short set best at c=32 and c=128; spreading a burst over steps only
         helped the long set at c=32."""
         if self.prefill_graphs is not None and len(built) <= PREFILL_GRAPH_MAX_GROUP:
-            rest = []
+            rest, done = [], []
             for slot, request, prompt in built:
                 hidden = self.prefill_graphs.run(prompt.prefill, slot)
                 if hidden is None:
                     rest.append((slot, request, prompt))
-                else:  # now: the graph's output buffer is the next replay's
-                    self._init_slots([(slot, request, prompt, hidden)])
+                else:  # a copy: the graph's output buffer is the next replay's
+                    done.append((slot, request, prompt, hidden.clone()))
+            if done:  # the slots' setup once for all, after the replays: the host never waits between them
+                self._init_slots(done)
             built = rest
         group, tokens = [], 0
         for entry in sorted(built, key=lambda e: e[2].prefill.shape[0]):  # similar lengths together: less padding
@@ -303,7 +305,7 @@ class TalkerRunner:
     def _init_slots(self, entries: list) -> None:
         """Set up the slots of prefilled requests, (slot, request, prompt, last hidden) each: each per-slot tensor
         gets one write for all of them (a burst of 127 took ~16 small writes per slot, 30-40 ms)."""
-        idx = torch.tensor([e[0] for e in entries], device=self.device)
+        idx = self._upload([e[0] for e in entries], torch.int64)
         sps = [e[1].sampling for e in entries]
         lengths = [e[2].prefill.shape[0] for e in entries]
         trailing = [e[2].trailing.shape[0] for e in entries]
@@ -324,9 +326,15 @@ class TalkerRunner:
             (cp.top_k, [sp.subtalker_top_k for sp in sps]), (cp.top_p, [sp.subtalker_top_p for sp in sps]),
         )
         for target, values in columns:
-            target[idx] = torch.tensor(values, dtype=target.dtype).to(self.device)
+            target[idx] = self._upload(values, target.dtype)
         self.hidden[idx] = torch.stack([e[3] for e in entries]).to(self.hidden.dtype)
         self.active[idx], self.generated[idx], self.seen[idx] = 1, 0, False
+
+    def _upload(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """Host values as a device tensor, on a GPU through pinned memory without waiting: a copy from pageable
+        memory may first wait for the stream, i.e. for the decode step in flight and the prefills before it."""
+        pinned = self.stream is not None
+        return torch.tensor(values, dtype=dtype, pin_memory=pinned).to(self.device, non_blocking=pinned)
 
     def _voice_cache_lookup(self, key: str | None, compute):
         """Speaker embedding and reference codes of uploaded voices are computed once per voice."""

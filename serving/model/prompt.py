@@ -124,7 +124,10 @@ class PromptBuilder:
         if not texts:
             return []
         ids = self.tokenizer(texts)["input_ids"]
-        flat = torch.tensor([i for row in ids for i in row], dtype=torch.int64).to(self._device)
+        device = self._device  # from pinned memory on a GPU: the copy never waits for the work queued before it
+        pinned = device.type == "cuda"
+        flat = torch.tensor([i for row in ids for i in row], dtype=torch.int64, pin_memory=pinned).to(
+            device, non_blocking=pinned)
         return list(zip(ids, (row[None] for row in flat.split([len(row) for row in ids]))))
 
     @property
