@@ -1,0 +1,46 @@
+#!/bin/bash
+# A/B of two trees on one GPU in one device call: this checkout ("new") and a packed earlier revision ("base"),
+# each through benchmarks/gpu_bench.sh with the same knobs, one after the other on the same machine, so a change's
+# effect is not mixed with a machine's or a session's drift (docs/performance.md records such pairs).
+#
+#   bash benchmarks/gpu_ab.sh pack REV          # here: .ab/base.tgz, REV's tree (git archive; no docs, no tests)
+#   bash benchmarks/gpu_ab.sh run [stages]      # on the GPU, carrying .ab: gpu_bench.sh [stages] for each variant
+#
+# Knobs (environment): VARIANTS (order of the runs; default "new base"; e.g. "new base new base" alternates),
+# OUT (default /tmp/gpu_ab), and every gpu_bench.sh knob (LEVELS, TASKS, SETS, SIZE, SERVE_ARGS, DECODE_ARGS, ...).
+# Results: $OUT/<variant>[-<i>]/ as gpu_bench.sh leaves them (table.md, raw.tgz), $OUT/<variant>[-<i>].log its
+# output; .ab/rev names the base revision.
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+mode=${1:-}
+shift || true
+case $mode in
+pack)
+  rev=${1:?usage: gpu_ab.sh pack REV}
+  mkdir -p .ab
+  git archive "$rev" -- . ':!docs' ':!tests' | gzip > .ab/base.tgz || exit 1
+  git rev-parse --short "$rev" > .ab/rev
+  echo "packed $(cat .ab/rev) into .ab/base.tgz ($(du -k .ab/base.tgz | cut -f1) KiB)"
+  ;;
+run)
+  [ -f .ab/base.tgz ] || { echo "no .ab/base.tgz: run 'bash benchmarks/gpu_ab.sh pack REV' first, then carry .ab"; exit 2; }
+  OUT=${OUT:-/tmp/gpu_ab}; mkdir -p "$OUT"
+  base=/tmp/gpu_ab_base; rm -rf "$base"; mkdir -p "$base"
+  tar -xzf .ab/base.tgz -C "$base"
+  [ -d .peer-bench ] && cp -r .peer-bench "$base/"
+  echo "base: $(cat .ab/rev 2>/dev/null || echo '?'); stages: ${*:-gpu_bench.sh defaults}"
+  declare -A seen=()
+  for v in ${VARIANTS:-new base}; do
+    case $v in new) dir=$ROOT;; base) dir=$base;; *) echo "unknown variant $v (new or base)"; continue;; esac
+    seen[$v]=$(( ${seen[$v]:-0} + 1 ))
+    name=$v; [ "${seen[$v]}" -gt 1 ] && name=$v-${seen[$v]}
+    echo "##### $name ($(date -u +%T))"
+    OUT=$OUT/$name bash "$dir/benchmarks/gpu_bench.sh" "$@" 2>&1 | grep --line-buffered -v "^W[0-9]" \
+      | tee "$OUT/$name.log" | grep --line-buffered "^===\|^  \(custom\|clone\)\|^|"
+  done
+  ;;
+*)
+  echo "usage: bash benchmarks/gpu_ab.sh pack REV | run [stages]"; exit 2
+  ;;
+esac
