@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from serving.api import audio
 from tests.server_fixtures import ServerThread, post_json
 
 pytestmark = pytest.mark.slow
@@ -84,9 +85,9 @@ def test_inline_reference_clip_and_embedding(base):
 
 
 def test_an_inline_reference_is_encoded_once_and_reused(base):
-    """The same inline clip sent again is neither decoded (the server keeps decoded clips by the file's hash) nor
-    encoded again (the engine's voice cache), and still sounds the same for the same seed; another clip is a
-    new entry in both."""
+    """The same inline clip sent again is neither unpacked from base64 nor decoded (the server keeps decoded clips
+    by a hash of the data URI) nor encoded again (the engine's voice cache), and still sounds the same for the
+    same seed; another clip is a new entry in both."""
     runner = base.server.engine.runner
     wav = VOICE_WAV.read_bytes()
     uri = "data:audio/wav;base64," + base64.b64encode(wav).decode()
@@ -95,14 +96,15 @@ def test_an_inline_reference_is_encoded_once_and_reused(base):
     runner.prompts._encode_reference = lambda audio: encoded.append(1) or encode(audio)
     runner._voice_cache.clear()  # earlier tests may have sent this clip
     base.server._clips.clear()
-    decoded = []
-    decode = base.server._decode_clip
+    decoded, unpacked = [], []
+    decode, decode_uri = base.server._decode_clip, audio.decode_data_uri
     base.server._decode_clip = lambda data, param: decoded.append(1) or decode(data, param)
+    audio.decode_data_uri = lambda text: unpacked.append(1) or decode_uri(text)
     try:
         first = clone(base, ref_audio=uri, ref_text="Hello there.", seed=11)
         second = clone(base, ref_audio=uri, ref_text="Hello there.", seed=11)
         assert first[0] == second[0] == 200 and first[2] == second[2]
-        assert len(encoded) == 1 and len(decoded) == 1  # the second request reused the first one's work
+        assert len(encoded) == len(decoded) == len(unpacked) == 1  # the second request reused the first one's work
         data, sr = sf.read(io.BytesIO(wav), dtype="float32")
         buf = io.BytesIO()
         sf.write(buf, data * 0.5, sr, format="WAV")  # another clip: the same words, quieter
@@ -110,7 +112,7 @@ def test_an_inline_reference_is_encoded_once_and_reused(base):
         assert clone(base, ref_audio=other, ref_text="Hello.", seed=11)[0] == 200
     finally:
         runner.prompts._encode_reference = encode
-        base.server._decode_clip = decode
+        base.server._decode_clip, audio.decode_data_uri = decode, decode_uri
     assert len(encoded) == 2 and len(decoded) == 2 and sum(k.startswith("inline:") for k in runner._voice_cache) == 2  # a new clip, a new entry
 
 

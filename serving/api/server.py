@@ -33,7 +33,7 @@ log = logging.getLogger("serving.api")
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a 10 MB clip as a base64 data URI, plus the JSON around it
 MAX_VOICE_UPLOAD_BYTES = 10 * 1024 * 1024
 URL_FETCH_TIMEOUT_S = 15
-INLINE_CLIP_CACHE = 32  # decoded inline reference clips kept (by the file's hash)
+INLINE_CLIP_CACHE = 32  # decoded inline reference clips kept (by a hash of the data URI, or of a URL's file)
 
 
 class SpeechServer:
@@ -53,7 +53,7 @@ class SpeechServer:
         self.started_at = time.time()
         self._startup_error: str | None = None
         self._start_task: asyncio.Task | None = None
-        self._clips = LRU(INLINE_CLIP_CACHE)  # decoded inline clips by the file's hash (_inline_clip)
+        self._clips = LRU(INLINE_CLIP_CACHE)  # decoded inline clips by a hash (_inline_clip)
 
     # --- app ----------------------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
@@ -396,24 +396,30 @@ class SpeechServer:
 
     async def _inline_clip(self, ref: str) -> tuple[np.ndarray, str]:
         """(samples, voice key) of a data: URI or URL clip. Clients that clone over this API resend the same
-        reference with every request, so both the decoded samples (here, by the file's hash) and the engine's
-        encoding of them (the voice key) are cached: a repeat costs a hash, not a decode, a resample and the
-        speaker and codec encoders. Measured on an H100 at 128 concurrent clones, this handler's share
-        (phase accept) was 390 ms per request while every clip was decoded anew (docs/performance.md)."""
+        reference with every request, so both the decoded samples (here, by a hash) and the engine's encoding
+        of them (the voice key) are cached: a repeat costs a hash, not a decode, a resample and the speaker and
+        codec encoders. Measured on an H100 at 128 concurrent clones, this handler's share (phase accept) was
+        390 ms per request while every clip was decoded anew (docs/performance.md). A data: URI is keyed by its
+        text, so a repeat skips the base64 decoding as well (a 175 kB WAV's repeat: 0.72 -> 0.19-0.22 ms of the
+        event loop on the 2-core development VM, for every request of a burst of clones); a URL by the file it
+        fetched."""
         if ref.startswith(("http://", "https://")):
             data = await _fetch_url(ref)
+            key = "inline:" + hashlib.sha256(data).hexdigest()
         else:
+            data, key = None, "inline:" + hashlib.sha256(ref.encode()).hexdigest()
+        clip = self._clips.get(key)
+        if clip is not None:
+            return clip, key
+        if data is None:
             try:
                 data = audio.decode_data_uri(ref)
             except audio.AudioError as exc:
                 raise bad_request(str(exc), "ref_audio", "invalid_audio") from None
         if len(data) > MAX_VOICE_UPLOAD_BYTES:
             raise APIError(413, "ref_audio is larger than 10 MB", param="ref_audio", code="file_too_large")
-        key = "inline:" + hashlib.sha256(data).hexdigest()
-        clip = self._clips.get(key)
-        if clip is None:
-            clip = await asyncio.get_running_loop().run_in_executor(None, self._decode_clip, data, "ref_audio")
-            self._clips.put(key, clip)
+        clip = await asyncio.get_running_loop().run_in_executor(None, self._decode_clip, data, "ref_audio")
+        self._clips.put(key, clip)
         return clip, key
 
     @staticmethod
