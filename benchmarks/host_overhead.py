@@ -3,16 +3,17 @@
     python benchmarks/host_overhead.py [--concurrency 1,32,128] [--frames 250] [--step-ms 0,9] [--json OUT]
 
 A served step is as fast as the GPU only while the engine's Python keeps up: the talker loop (admission, the
-executor hops of launch and collect, dealing each row's codes to its stream), the codec loop (choosing the
-rows of each call, cutting chunks, queueing the waveforms) and the streams' consumers all share one event loop
-and one interpreter. This runs the real Engine (scheduler, both loops, their executor threads) with stage
-stubs: a decode step's codes are zeros for its rows, ready `--step-ms` after its launch (0: at once; a sleep
-otherwise, which frees the interpreter as a GPU wait does); a codec call returns zero samples for its chunks
-after `--codec-ms`. Closed-loop clients at each concurrency read the audio in-process (no HTTP). Reported per
-level: steps per second, ms per step, the engine process's CPU time per step (all threads), mean rows per step
-and per codec call, audio seconds per second (12.5 frames per audio second), and that against the ideal
-`rows x 80 ms / step` of a step that took exactly --step-ms; and the event loop's lag in handing a chunk to its
-reader (phase `deliver`). At --step-ms 0 the steps per second are the host's ceiling.
+executor hops of launch and collect, dealing each row's codes to its stream), the codec loop (choosing the rows of
+each call, cutting chunks, queueing the waveforms) and the streams' consumers all share one event loop and one
+interpreter. This runs the real Engine (scheduler, both loops, their executor threads) with stage stubs: a decode
+step's codes are zeros for its rows, ready `--step-ms` after the later of its launch and the previous step's end,
+as steps queue on a GPU (0: at once; a sleep otherwise, which frees the interpreter as a GPU wait does); a codec
+call returns zero samples for its chunks after `--codec-ms`. Closed-loop clients at each concurrency read the audio
+in-process (no HTTP). Reported per level: steps per second, ms per step, the engine process's CPU time per step
+(all threads), mean rows per step and per codec call, audio seconds per second (12.5 frames per audio second), and
+that against the ideal of every stream busy at steps of exactly --step-ms (c x 80 ms of audio per step); and the
+event loop's lag in handing a chunk to its reader (phase `deliver`). At --step-ms 0 the steps per second are the
+host's ceiling.
 """
 
 from __future__ import annotations
