@@ -15,8 +15,8 @@ import torch
 
 from serving.engine.engine import EngineConfig
 from serving.engine.loader import load_stages
+from serving.model.config import SAMPLE_RATE
 
-SAMPLE_RATE = 24000
 SECONDS = (3.13, 3.71, 4.29, 5.93, 6.37, 7.11)  # one new length per (repeat, mode)
 
 

@@ -15,7 +15,7 @@ import struct
 import numpy as np
 import soundfile as sf
 
-SAMPLE_RATE = 24000
+from serving.model.config import SAMPLE_RATE
 
 CONTENT_TYPES = {
     "wav": "audio/wav",

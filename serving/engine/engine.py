@@ -22,10 +22,9 @@ import numpy as np
 
 from serving.engine.codec_graphs import CodecGraphReport
 from serving.engine.codec_stage import CodecStream, next_batch
-from serving.engine.prompts import SAMPLE_RATE
 from serving.engine.request import GenerationRequest
 from serving.engine.scheduler import QueueFullError, Scheduler
-from serving.model.config import GenerationDefaults
+from serving.model.config import SAMPLE_RATE, GenerationDefaults
 
 log = logging.getLogger("serving.engine")
 

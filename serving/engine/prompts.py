@@ -13,12 +13,12 @@ import numpy as np
 import torch
 
 from serving.engine.request import GenerationRequest
+from serving.model.config import SAMPLE_RATE
 from serving.model.prompt import Prompt, SynthesisRequest
 from serving.model.prompt import PromptBuilder as TalkerPromptBuilder
 from serving.model.prompt import load_text_tokenizer
 
 MODEL_TASKS = {"CustomVoice": "custom_voice", "VoiceDesign": "voice_design", "Base": "voice_clone"}
-SAMPLE_RATE = 24000
 
 
 class PromptBuilder:

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+SAMPLE_RATE = 24000  # Hz of the 12 Hz model's audio, in (references) and out (the codec's waveforms)
 TASK_BY_MODEL_TYPE = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "voice_clone"}
 
 

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-SAMPLE_RATE = 24000
+from serving.model.config import SAMPLE_RATE
+
 N_FFT = 1024
 HOP = 256
 N_MELS = 128

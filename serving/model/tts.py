@@ -20,14 +20,12 @@ import torch
 
 from serving.model import weights
 from serving.model.codec_stream import IncrementalCodecDecoder, next_chunk_frames
-from serving.model.config import GenerationDefaults, ModelConfig
+from serving.model.config import SAMPLE_RATE, GenerationDefaults, ModelConfig
 from serving.model.frame import TalkerSampling, decode_frame, prefill
 from serving.model.model import Qwen3TTSModel
 from serving.model.prompt import PromptBuilder, SynthesisRequest, load_text_tokenizer
 from serving.model.sampler import SamplingParams, validate
 from serving.model.speech_tokenizer import SpeechTokenizer
-
-SAMPLE_RATE = 24000
 
 
 @dataclass
