@@ -19,7 +19,9 @@
 #
 # Knobs (environment): OUT (results; default /tmp/gpu_bench), SIZE (0.6B | 1.7B), LEVELS (1,8,32,64,128),
 # TASKS (custom clone), SETS (short long), SERVE_ARGS (extra `ttsbench serve` options), DECODE_ARGS,
-# CODEC_DTYPES, CODEC_ARGS, PEER_STAGES (fastB official), WHEELS (folder of wheels to install first; default .peer-bench/whl/common).
+# CODEC_DTYPES, CODEC_ARGS, PEER_STAGES (fastB official), WHEELS (folder of wheels to install first; default .peer-bench/whl/common),
+# TEXT_VOCAB (tiktoken ranks of the checkpoints' text tokenizer; default: Qwen's qwen.tiktoken out of a dashscope
+# wheel in WHEELS (`pip download dashscope --no-deps`), else the small trained BPE, whose prompts are ~3x too long).
 # Results: $OUT/table.md, $OUT/decode.log, and $OUT/raw.tgz (env, decode.json, kernel profiles, server logs,
 # runs.tgz: the run directories without audio, peer JSON).
 set -u
@@ -45,9 +47,18 @@ export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}:/tmp/site_ours
 TTSBENCH='import sys; from ttsbench.cli import app; sys.argv[0] = "ttsbench"; app()'
 ttsbench() { python3 -c "$TTSBENCH" "$@"; }
 
+TEXT_VOCAB=${TEXT_VOCAB:-}
+dashscope=$(ls "$WHEELS"/dashscope-*.whl 2>/dev/null | head -1)
+if [ -z "$TEXT_VOCAB" ] && [ -n "$dashscope" ]; then  # Qwen's real text vocabulary: realistic prompt lengths
+  TEXT_VOCAB=$WORK/qwen.tiktoken
+  python3 -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read("dashscope/resources/qwen.tiktoken"))' \
+    "$dashscope" > "$TEXT_VOCAB"
+fi
+
 checkpoint() {  # checkpoint TYPE -> directory of a random SIZE checkpoint (written once)
-  local dir=$WORK/ckpt-$SIZE-$1
-  [ -f "$dir/config.json" ] || python3 -m serving.model.checkpoint "$dir" --size "$SIZE" --type "$1" >&2
+  local dir=$WORK/ckpt-$SIZE-$1${TEXT_VOCAB:+-qwen-vocab}
+  [ -f "$dir/config.json" ] || python3 -m serving.model.checkpoint "$dir" --size "$SIZE" --type "$1" \
+    ${TEXT_VOCAB:+--text-vocab "$TEXT_VOCAB"} >&2
   echo "$dir"
 }
 
@@ -56,6 +67,7 @@ for stage in $STAGES; do
   env)
     say env
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/env.txt"
+    echo "text vocabulary: ${TEXT_VOCAB:-the small trained BPE (no TEXT_VOCAB, no dashscope wheel)}" | tee -a "$OUT/env.txt"
     python3 - <<'EOF' 2>&1 | tee -a "$OUT/env.txt"
 import importlib, platform, torch
 print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,

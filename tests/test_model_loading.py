@@ -58,6 +58,42 @@ def test_tokenizer_files_hold_the_special_tokens_at_official_ids(tiny):
     assert tok.decode(tok("Grüße, 你好!")["input_ids"]) == "Grüße, 你好!"
 
 
+def _tiktoken_bpe(ranks: dict[bytes, int], piece: bytes) -> list[int]:
+    """tiktoken's BPE of one pre-token: merge the adjacent pair whose joined token ranks lowest, until none is."""
+    parts = [bytes([b]) for b in piece]
+    while len(parts) > 1:
+        i = min(range(len(parts) - 1), key=lambda j: ranks.get(parts[j] + parts[j + 1], len(ranks)))
+        if parts[i] + parts[i + 1] not in ranks:
+            break
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+    return [ranks[p] for p in parts]
+
+
+def test_a_tiktoken_vocabulary_tokenizes_as_tiktoken_does(tmp_path):
+    """--text-vocab: tiktoken ranks (as Qwen's qwen.tiktoken) become vocab.json + merges.txt that transformers
+    reads into the same tokens as tiktoken's own rule, with the special tokens after them."""
+    import base64
+
+    from serving.model.checkpoint import write_tokenizer
+    from serving.model.prompt import load_text_tokenizer
+
+    tokens = [bytes([b]) for b in range(256)] + [b"he", b"ll", b"hell", b"hello", b" w", b"or", b" wor", b"ld",
+                                                  b" world", b"lo", b"el", "你".encode(), "你好".encode()]
+    ranks = {t: i for i, t in enumerate(tokens)}
+    vocab_file = tmp_path / "tiny.tiktoken"
+    vocab_file.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()))
+    write_tokenizer(tmp_path, vocab_file)
+    tok = load_text_tokenizer(tmp_path)
+    for text, words in (("hello world", [b"hello", b" world"]), ("yellow", [b"yellow"]), ("hel lo", [b"hel", b" lo"]),
+                        ("wor", [b"wor"]), ("你好你", ["你好你".encode()])):
+        assert tok(text)["input_ids"] == [i for w in words for i in _tiktoken_bpe(ranks, w)], text
+    assert tok("hello world")["input_ids"] == [ranks[b"hello"], ranks[b" world"]]
+    assert tok("<|im_start|>hello")["input_ids"] == [151644, ranks[b"hello"]]
+    with pytest.raises(ValueError, match="special tokens"):  # a vocabulary that runs into the special ids
+        vocab_file.write_text("".join(f"{base64.b64encode(str(i).encode()).decode()} {i}\n" for i in range(151700)))
+        write_tokenizer(tmp_path, vocab_file)
+
+
 def test_config_traps_are_read_from_the_file():
     cfg = ModelConfig.from_dict(model_config_dict("0.6B", "custom_voice"))
     assert cfg.talker.transformer.head_dim == 128 != 1024 // 16

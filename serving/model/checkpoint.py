@@ -9,14 +9,18 @@ config.json, generation_config.json, model.safetensors, vocab.json, merges.txt, 
 preprocessor_config.json, speech_tokenizer/{config.json, configuration.json, model.safetensors,
 preprocessor_config.json}.
 
-The text tokenizer is a small byte-level BPE (trained here on a few sentences) in the Qwen2 file format, with
-the Qwen special tokens at their official ids; the real vocabulary is not distributed in any package we can
-install. Both implementations read these files through transformers, so they tokenize identically.
+The text tokenizer is in the Qwen2 file format with the Qwen special tokens at their official ids: by default a
+small byte-level BPE trained here on a few sentences (the tests' tokenizer: both implementations read these files
+through transformers, so they tokenize identically), or with `--text-vocab qwen.tiktoken` the real Qwen
+vocabulary, converted from its tiktoken ranks (PyPI's dashscope package ships them as
+dashscope/resources/qwen.tiktoken). Benchmarks want the real one: the small BPE splits English into ~0.67 tokens
+per character, the real one into ~0.2, so its prompts are ~3x as long as a real checkpoint's.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 from pathlib import Path
 
@@ -123,8 +127,8 @@ def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def write_tokenizer(out: Path, vocab_size: int = 1024) -> None:
-    """vocab.json + merges.txt + tokenizer_config.json: a byte-level BPE in the Qwen2 format."""
+def trained_bpe(vocab_size: int = 1024) -> tuple[dict[str, int], list[str]]:
+    """A small byte-level BPE trained on BPE_CORPUS: its vocab.json and merges.txt entries."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -134,11 +138,43 @@ def write_tokenizer(out: Path, vocab_size: int = 1024) -> None:
     tok.train_from_iterator(BPE_CORPUS, trainer=trainer)
     model = json.loads(tok.to_str())["model"]
     vocab = dict(sorted(model["vocab"].items(), key=lambda kv: kv[1]))
+    return vocab, [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+
+
+def tiktoken_bpe(ranks_file: Path) -> tuple[dict[str, int], list[str]]:
+    """vocab.json and merges.txt entries of a byte-level BPE given as tiktoken ranks (one "base64(token) rank" per
+    line, as qwen.tiktoken). tiktoken merges the adjacent pair whose joined token ranks lowest; the same BPE as
+    merges lists every split of each token into two ranked tokens, ordered by the joined token's rank, then by the
+    pieces' (the conversion transformers makes of tiktoken files)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    ranks = {}
+    for line in ranks_file.read_text(encoding="ascii").splitlines():
+        if line.strip():
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    chars = bytes_to_unicode()
+
+    def text(token: bytes) -> str:
+        return "".join(chars[b] for b in token)
+
+    merges = sorted((rank, ranks[token[:i]], ranks[token[i:]], token[:i], token[i:])
+                    for token, rank in ranks.items() for i in range(1, len(token))
+                    if token[:i] in ranks and token[i:] in ranks)
+    vocab = {text(token): rank for token, rank in sorted(ranks.items(), key=lambda kv: kv[1])}
+    return vocab, [f"{text(left)} {text(right)}" for *_, left, right in merges]
+
+
+def write_tokenizer(out: Path, text_vocab: Path | None = None) -> None:
+    """vocab.json + merges.txt + tokenizer_config.json in the Qwen2 format: the BPE of `text_vocab` (tiktoken
+    ranks, see tiktoken_bpe) or the small trained one."""
+    vocab, merges = tiktoken_bpe(text_vocab) if text_vocab is not None else trained_bpe()
+    if len(vocab) > min(SPECIAL_TOKENS):
+        raise ValueError(f"{text_vocab}: {len(vocab)} tokens run into the special tokens' ids ({min(SPECIAL_TOKENS)}+)")
     # Dense ids up to the special tokens, as in the real vocabulary (tokenizers warns about holes); the
     # fillers are never produced, since BPE only emits tokens reachable through merges.
     vocab.update({f"<|reserved_{i}|>": i for i in range(len(vocab), min(SPECIAL_TOKENS))})
     vocab.update({content: idx for idx, content in SPECIAL_TOKENS.items()})
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
     _write_json(out / "vocab.json", vocab)
     (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
     added = {str(idx): {"content": content, "lstrip": False, "normalized": False, "rstrip": False,
@@ -153,8 +189,10 @@ def write_tokenizer(out: Path, vocab_size: int = 1024) -> None:
 
 
 @torch.no_grad()
-def write_checkpoint(out: str | Path, size: str = "tiny", model_type: str = "custom_voice", seed: int = 0) -> Path:
-    """Write a random checkpoint; returns its directory. Tiny: fp32. 0.6B/1.7B: bf16 (as released)."""
+def write_checkpoint(out: str | Path, size: str = "tiny", model_type: str = "custom_voice", seed: int = 0,
+                     text_vocab: Path | None = None) -> Path:
+    """Write a random checkpoint; returns its directory. Tiny: fp32. 0.6B/1.7B: bf16 (as released). text_vocab:
+    tiktoken ranks of the text tokenizer (see write_tokenizer)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     raw = model_config_dict(size, model_type)
@@ -173,7 +211,7 @@ def write_checkpoint(out: str | Path, size: str = "tiny", model_type: str = "cus
     del state, model
     _write_json(out / "config.json", raw)
     _write_json(out / "generation_config.json", GENERATION_CONFIG)
-    write_tokenizer(out)
+    write_tokenizer(out, text_vocab)
     _write_json(out / "preprocessor_config.json", {"processor_class": "Qwen3TTSProcessor"})
     codec = tiny_codec_config() if size == "tiny" else released_codec_config()
     write_random_speech_tokenizer(out / "speech_tokenizer", codec, seed + 2)
@@ -197,9 +235,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--size", choices=SIZES, default="tiny")
     ap.add_argument("--type", dest="model_type", choices=MODEL_TYPES, default="custom_voice")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--text-vocab", type=Path, help="the text tokenizer's tiktoken ranks, e.g. Qwen's qwen.tiktoken "
+                    "(in PyPI's dashscope package); default: a small BPE trained here (~3x the real token count)")
     args = ap.parse_args(argv)
-    path = write_checkpoint(args.out, args.size, args.model_type, args.seed)
-    print(f"wrote {args.size} {args.model_type} checkpoint to {path}")
+    if args.text_vocab is not None and not args.text_vocab.is_file():
+        ap.error(f"--text-vocab {args.text_vocab}: no such file")
+    path = write_checkpoint(args.out, args.size, args.model_type, args.seed, args.text_vocab)
+    vocab = f"text vocabulary of {args.text_vocab}" if args.text_vocab else "the small trained text vocabulary"
+    print(f"wrote {args.size} {args.model_type} checkpoint with {vocab} to {path}")
 
 
 if __name__ == "__main__":
