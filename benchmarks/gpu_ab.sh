@@ -9,7 +9,9 @@
 # Knobs (environment): VARIANTS (order of the runs; default "new base"; e.g. "new base new base" alternates),
 # OUT (default /tmp/gpu_ab), and every gpu_bench.sh knob (LEVELS, TASKS, SETS, SIZE, SERVE_ARGS, DECODE_ARGS, ...).
 # Results: $OUT/<variant>[-<i>]/ as gpu_bench.sh leaves them (table.md, raw.tgz), $OUT/<variant>[-<i>].log its
-# output; .ab/rev names the base revision.
+# output; .ab/rev names the base revision. The variants share gpu_bench.sh's work folder, so the random checkpoints
+# the first one writes serve both; a base from before `--text-vocab` (378e361) writes and names its own, with the
+# small text BPE: compare with one under TEXT_VOCAB=small.
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD

@@ -21,7 +21,8 @@
 # TASKS (custom clone), SETS (short long), SERVE_ARGS (extra `ttsbench serve` options), DECODE_ARGS,
 # CODEC_DTYPES, CODEC_ARGS, PEER_STAGES (fastB official), WHEELS (folder of wheels to install first; default .peer-bench/whl/common),
 # TEXT_VOCAB (tiktoken ranks of the checkpoints' text tokenizer; default: Qwen's qwen.tiktoken out of a dashscope
-# wheel in WHEELS (`pip download dashscope --no-deps`), else the small trained BPE, whose prompts are ~3x too long).
+# wheel in WHEELS (`pip download dashscope --no-deps`), else, or with TEXT_VOCAB=small, the small trained BPE of
+# the earlier passes, whose prompts are ~3x too long).
 # Results: $OUT/table.md, $OUT/decode.log, and $OUT/raw.tgz (env, decode.json, kernel profiles, server logs,
 # runs.tgz: the run directories without audio, peer JSON).
 set -u
@@ -49,7 +50,9 @@ ttsbench() { python3 -c "$TTSBENCH" "$@"; }
 
 TEXT_VOCAB=${TEXT_VOCAB:-}
 dashscope=$(ls "$WHEELS"/dashscope-*.whl 2>/dev/null | head -1)
-if [ -z "$TEXT_VOCAB" ] && [ -n "$dashscope" ]; then  # Qwen's real text vocabulary: realistic prompt lengths
+if [ "$TEXT_VOCAB" = small ]; then
+  TEXT_VOCAB=
+elif [ -z "$TEXT_VOCAB" ] && [ -n "$dashscope" ]; then  # Qwen's real text vocabulary: realistic prompt lengths
   TEXT_VOCAB=$WORK/qwen.tiktoken
   python3 -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read("dashscope/resources/qwen.tiktoken"))' \
     "$dashscope" > "$TEXT_VOCAB"
