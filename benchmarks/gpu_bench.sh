@@ -70,7 +70,7 @@ for stage in $STAGES; do
   env)
     say env
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/env.txt"
-    echo "text vocabulary: ${TEXT_VOCAB:-the small trained BPE (no TEXT_VOCAB, no dashscope wheel)}" | tee -a "$OUT/env.txt"
+    echo "text vocabulary: ${TEXT_VOCAB:-the small trained BPE}" | tee -a "$OUT/env.txt"
     python3 - <<'EOF' 2>&1 | tee -a "$OUT/env.txt"
 import importlib, platform, torch
 print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
