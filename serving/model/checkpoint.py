@@ -169,11 +169,13 @@ def write_tokenizer(out: Path, text_vocab: Path | None = None) -> None:
     """vocab.json + merges.txt + tokenizer_config.json in the Qwen2 format: the BPE of `text_vocab` (tiktoken
     ranks, see tiktoken_bpe) or the small trained one."""
     vocab, merges = tiktoken_bpe(text_vocab) if text_vocab is not None else trained_bpe()
-    if len(vocab) > min(SPECIAL_TOKENS):
-        raise ValueError(f"{text_vocab}: {len(vocab)} tokens run into the special tokens' ids ({min(SPECIAL_TOKENS)}+)")
+    if max(vocab.values()) >= min(SPECIAL_TOKENS):
+        raise ValueError(f"{text_vocab}: token ids up to {max(vocab.values())} run into the special tokens' "
+                         f"({min(SPECIAL_TOKENS)}+)")
     # Dense ids up to the special tokens, as in the real vocabulary (tokenizers warns about holes); the
     # fillers are never produced, since BPE only emits tokens reachable through merges.
-    vocab.update({f"<|reserved_{i}|>": i for i in range(len(vocab), min(SPECIAL_TOKENS))})
+    used = set(vocab.values())
+    vocab.update({f"<|reserved_{i}|>": i for i in range(min(SPECIAL_TOKENS)) if i not in used})
     vocab.update({content: idx for idx, content in SPECIAL_TOKENS.items()})
     _write_json(out / "vocab.json", vocab)
     (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
