@@ -28,6 +28,7 @@ from serving.engine.rng import exponential_noise
 from serving.engine.topk_sampling import eligible, sample_top_candidates
 from serving.model.layers import KVCache, attention_mask
 from serving.model.sampler import SamplingParams, mask_code0, penalize_repeats, sample
+from serving.model.transfer import upload
 
 PREFILL_TOKEN_BUDGET = 8192  # prompt positions per batched prefill pass (bounds the stall and its memory)
 PREFILL_GRAPH_MAX_LEN = 1024  # longest prompt bucket with a prefill graph (its scratch cache is that long)
@@ -305,7 +306,7 @@ class TalkerRunner:
     def _init_slots(self, entries: list) -> None:
         """Set up the slots of prefilled requests, (slot, request, prompt, last hidden) each: each per-slot tensor
         gets one write for all of them (a burst of 127 took ~16 small writes per slot, 30-40 ms)."""
-        idx = self._upload([e[0] for e in entries], torch.int64)
+        idx = upload([e[0] for e in entries], torch.int64, self.device)
         sps = [e[1].sampling for e in entries]
         lengths = [e[2].prefill.shape[0] for e in entries]
         trailing = [e[2].trailing.shape[0] for e in entries]
@@ -326,15 +327,9 @@ class TalkerRunner:
             (cp.top_k, [sp.subtalker_top_k for sp in sps]), (cp.top_p, [sp.subtalker_top_p for sp in sps]),
         )
         for target, values in columns:
-            target[idx] = self._upload(values, target.dtype)
+            target[idx] = upload(values, target.dtype, self.device)
         self.hidden[idx] = torch.stack([e[3] for e in entries]).to(self.hidden.dtype)
         self.active[idx], self.generated[idx], self.seen[idx] = 1, 0, False
-
-    def _upload(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        """Host values as a device tensor, on a GPU through pinned memory without waiting: a copy from pageable
-        memory may first wait for the stream, i.e. for the decode step in flight and the prefills before it."""
-        pinned = self.stream is not None
-        return torch.tensor(values, dtype=dtype, pin_memory=pinned).to(self.device, non_blocking=pinned)
 
     def _voice_cache_lookup(self, key: str | None, compute):
         """Speaker embedding and reference codes of uploaded voices are computed once per voice."""

@@ -23,6 +23,7 @@ import torch
 
 from serving.model.config import ModelConfig
 from serving.model.talker import Talker
+from serving.model.transfer import upload
 
 TASKS = ("custom_voice", "voice_design", "voice_clone")
 
@@ -124,10 +125,7 @@ class PromptBuilder:
         if not texts:
             return []
         ids = self.tokenizer(texts)["input_ids"]
-        device = self._device  # from pinned memory on a GPU: the copy never waits for the work queued before it
-        pinned = device.type == "cuda"
-        flat = torch.tensor([i for row in ids for i in row], dtype=torch.int64, pin_memory=pinned).to(
-            device, non_blocking=pinned)
+        flat = upload([i for row in ids for i in row], torch.int64, self._device)
         return list(zip(ids, (row[None] for row in flat.split([len(row) for row in ids]))))
 
     @property
