@@ -42,7 +42,7 @@ class StubTalker:
     def __init__(self, num_slots: int, step_s: float, frames: int):
         self.num_slots, self.buckets = num_slots, make_buckets(num_slots)
         self.step_s, self.frames = step_s, frames
-        self.steps = self.rows = 0
+        self.steps = 0
         self._ready_at = 0.0  # when the last launched step is done
 
     def warmup(self) -> None:
@@ -60,7 +60,6 @@ class StubTalker:
     def launch(self, bucket: int) -> tuple[int, float]:
         """As on a GPU, a step starts once the one before it is done (two may be outstanding)."""
         self.steps += 1
-        self.rows += bucket
         self._ready_at = max(time.monotonic(), self._ready_at) + self.step_s
         return bucket, self._ready_at
 
