@@ -1,4 +1,4 @@
-"""Tiles for the fused Triton decoder layers (serving/engine/triton_layers.py: code predictor and talker), on the 0.6B shapes.
+"""Tiles for the fused Triton decoder layers (serving/engine/triton_layers.py: code predictor and talker), 0.6B shapes.
 
 For each matrix-product role of a fused layer and each row count a frame's code predictor passes (1 to 16), times
 every tile of a small sweep against cuBLAS's plain product (F.linear, which does less: no norm, no epilogue), 20

@@ -26,7 +26,9 @@ pack)
   echo "packed $(cat .ab/rev) into .ab/base.tgz ($(du -k .ab/base.tgz | cut -f1) KiB)"
   ;;
 run)
-  [ -f .ab/base.tgz ] || { echo "no .ab/base.tgz: run 'bash benchmarks/gpu_ab.sh pack REV' first, then carry .ab"; exit 2; }
+  if [ ! -f .ab/base.tgz ]; then
+    echo "no .ab/base.tgz: run 'bash benchmarks/gpu_ab.sh pack REV' first, then carry .ab"; exit 2
+  fi
   OUT=${OUT:-/tmp/gpu_ab}; mkdir -p "$OUT"
   base=/tmp/gpu_ab_base; rm -rf "$base"; mkdir -p "$base"
   tar -xzf .ab/base.tgz -C "$base"

@@ -19,7 +19,8 @@
 #
 # Knobs (environment): OUT (results; default /tmp/gpu_bench), SIZE (0.6B | 1.7B), LEVELS (1,8,32,64,128),
 # TASKS (custom clone), SETS (short long), SERVE_ARGS (extra `ttsbench serve` options), DECODE_ARGS,
-# CODEC_DTYPES, CODEC_ARGS, PEER_STAGES (fastB official), WHEELS (folder of wheels to install first; default .peer-bench/whl/common),
+# CODEC_DTYPES, CODEC_ARGS, PEER_STAGES (fastB official), WHEELS (folder of wheels to install first; default
+# .peer-bench/whl/common),
 # TEXT_VOCAB (tiktoken ranks of the checkpoints' text tokenizer; default: Qwen's qwen.tiktoken out of a dashscope
 # wheel in WHEELS (`pip download dashscope --no-deps`), else, or with TEXT_VOCAB=small, the small trained BPE of
 # the earlier passes, whose prompts are ~3x too long).
@@ -54,8 +55,8 @@ if [ "$TEXT_VOCAB" = small ]; then
   TEXT_VOCAB=
 elif [ -z "$TEXT_VOCAB" ] && [ -n "$dashscope" ]; then  # Qwen's real text vocabulary: realistic prompt lengths
   TEXT_VOCAB=$WORK/qwen.tiktoken
-  python3 -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read("dashscope/resources/qwen.tiktoken"))' \
-    "$dashscope" > "$TEXT_VOCAB"
+  python3 -c 'import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' \
+    "$dashscope" dashscope/resources/qwen.tiktoken > "$TEXT_VOCAB"
 fi
 
 checkpoint() {  # checkpoint TYPE -> directory of a random SIZE checkpoint (written once)

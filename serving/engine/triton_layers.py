@@ -21,8 +21,9 @@ calls of up to GEMV_ROWS rows multiply element by element instead, which keeps m
 Values are rounded to the model's dtype wherever the torch modules hand a tensor on (projections, q/k norms,
 rotary, residual sums), and computed in float32 in between; an input norm's 1 / RMS, a per-row factor, scales the
 product's sums rather than the norm's output, which is therefore not rounded on its own (bfloat16 noise: the
-logits stay within ~3% (code predictor) and ~6% (talker) of their spread of the modules', docs/performance.md). The modules in serving.model.layers stay the definition of
-the maths and the path of every other call; tests run these kernels in Triton's interpreter against them.
+logits stay within ~3% (code predictor) and ~6% (talker) of their spread of the modules', docs/performance.md).
+The modules in serving.model.layers stay the definition of the maths and the path of every other call; tests run
+these kernels in Triton's interpreter against them.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ A frame draws 16 times. The torch version, compiled, is a top-k selection plus ~
 draw on an H100, ~0.5 ms of a 5.6-8.4 ms frame; this kernel takes 10-14 us (benchmarks/sampler_bench.py,
 docs/performance.md). Here one program per row reads the row's logits once (bf16 or fp32, no conversion
 kernel before it) and does everything in registers: the k-th largest score by a radix select over the scores'
-order-preserving bits (32 / RADIX_BITS counting passes, no sort), the softmax over the kept scores, the per-request noise
-(the same hash as rng.exponential_noise_at, so the draws equal the torch path's), and the exponential race.
+order-preserving bits (32 / RADIX_BITS counting passes, no sort), the softmax over the kept scores, the
+per-request noise (the same hash as rng.exponential_noise_at, so the draws equal the torch path's), and the
+exponential race.
 The tokens equal those of the general sampler (serving.model.sampler.sample on the same noise) and so of
 sample_top_candidates, with one difference from the latter: where more than CANDIDATES scores tie at the k-th
 score, all of them stay, as in transformers' top-k (the torch candidate sampler keeps only its CANDIDATES).
