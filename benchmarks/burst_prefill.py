@@ -1,7 +1,7 @@
 """Where a burst's prefill goes: N requests admitted together, as a closed-loop level's first wave is.
 
     python benchmarks/burst_prefill.py --model DIR [--bursts 8,31,127] [--sets short,long] [--json OUT.json]
-                                       [--profile OUT.txt]
+                                       [--profile OUT.txt] [--token-budgets 8192,16384]
 
 The server's request log (benchmarks/request_timeline.py) shows the first wave of a c=32 or c=128 level waiting
 on one prefill of all its prompts; this times that call (TalkerRunner.prefill_many, CUDA synchronised) and its
@@ -30,11 +30,15 @@ def main() -> None:
     ap.add_argument("--sets", default="short,long")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--token-budgets", default="",
+                    help="Prompt positions per batched pass to compare, each cell run under each in turn "
+                         "(serving.engine.talker_stage.PREFILL_TOKEN_BUDGET); default: the stack's own.")
     ap.add_argument("--profile", type=Path,
                     help="Profile by operator (host time) the last set's largest burst less one request: a first call, "
                          "as a server meets a new shape.")
     args = ap.parse_args()
 
+    from serving.engine import talker_stage
     from serving.engine.checkpoint import resolve_model
     from serving.engine.engine import EngineConfig
     from serving.engine.loader import load_stages
@@ -42,6 +46,7 @@ def main() -> None:
     from ttsbench.datasets import load_set
 
     bursts = [int(b) for b in args.bursts.split(",")]
+    budgets = [int(b) for b in args.token_budgets.split(",") if b] or [talker_stage.PREFILL_TOKEN_BUDGET]
     config = EngineConfig(model=str(resolve_model(args.model)), load_format="dummy", max_batch_size=max(bursts), max_model_len=1024,
                           ignore_eos=True)
     runner, _codec, _info = load_stages(config)
@@ -82,27 +87,30 @@ def main() -> None:
         for n in bursts:
             texts = [items[i % len(items)].text for i in range(n)]
             reqs = [GenerationRequest(task="CustomVoice", text=t, speaker="vivian", max_new_tokens=900) for t in texts]
-            cells = []
-            for _ in range(args.reps + 1):  # the first call of each shape is reported apart: a server meets new shapes
-                for slot in range(n):
-                    runner.release(slot)
-                parts.update({"build": 0.0, "pass": 0.0, "slots": 0.0})
-                total = sync_ms(lambda: runner.prefill_many(list(enumerate(reqs))))
-                cells.append((total, parts["build"], parts["pass"] - parts["slots"], parts["slots"]))
-            positions = [p[0].prefill.shape[0] for p in real_build(reqs, cache)]
-            first, cells = cells[0], cells[1:]
-            total, build, pass_, slots = (statistics.median(c[i] for c in cells) for i in range(4))
-            row = {"set": set_name, "burst": n, "positions_mean": round(sum(positions) / n, 1),
-                   "positions_max": max(positions), "total_ms": round(total, 2), "build_ms": round(build, 2),
-                   "pass_ms": round(pass_, 2), "slots_ms": round(slots, 2),
-                   "rest_ms": round(total - build - pass_ - slots, 2),
-                   "first_call": dict(zip(("total_ms", "build_ms", "pass_ms", "slots_ms"),
-                                          (round(f, 2) for f in first)))}
-            rows.append(row)
-            print(f"  {set_name:5s} burst {n:3d}: {row['positions_mean']:.0f} positions mean ({row['positions_max']} "
-                  f"max)  prefill_many {total:7.1f} ms = build {build:6.1f} + pass {pass_:6.1f} + slot setup "
-                  f"{slots:5.1f} + rest {row['rest_ms']:5.1f}  ({total / n:.2f} ms per request); first call "
-                  f"{first[0]:.1f} = {first[1]:.1f} + {first[2]:.1f} + {first[3]:.1f} + ...", flush=True)
+            for budget in budgets:
+                talker_stage.PREFILL_TOKEN_BUDGET = budget
+                cells = []
+                for _ in range(args.reps + 1):  # a shape's first call is reported apart: a server meets new shapes
+                    for slot in range(n):
+                        runner.release(slot)
+                    parts.update({"build": 0.0, "pass": 0.0, "slots": 0.0})
+                    total = sync_ms(lambda: runner.prefill_many(list(enumerate(reqs))))
+                    cells.append((total, parts["build"], parts["pass"] - parts["slots"], parts["slots"]))
+                positions = [p[0].prefill.shape[0] for p in real_build(reqs, cache)]
+                first, cells = cells[0], cells[1:]
+                total, build, pass_, slots = (statistics.median(c[i] for c in cells) for i in range(4))
+                row = {"set": set_name, "burst": n, "token_budget": budget,
+                       "positions_mean": round(sum(positions) / n, 1), "positions_max": max(positions),
+                       "total_ms": round(total, 2), "build_ms": round(build, 2), "pass_ms": round(pass_, 2),
+                       "slots_ms": round(slots, 2), "rest_ms": round(total - build - pass_ - slots, 2),
+                       "first_call": dict(zip(("total_ms", "build_ms", "pass_ms", "slots_ms"),
+                                              (round(f, 2) for f in first)))}
+                rows.append(row)
+                print(f"  {set_name:5s} burst {n:3d} budget {budget:5d}: {row['positions_mean']:.0f} positions mean "
+                      f"({row['positions_max']} max)  prefill_many {total:7.1f} ms = build {build:6.1f} + pass "
+                      f"{pass_:6.1f} + slot setup {slots:5.1f} + rest {row['rest_ms']:5.1f}  ({total / n:.2f} ms per "
+                      f"request); first call {first[0]:.1f} = {first[1]:.1f} + {first[2]:.1f} + {first[3]:.1f} + ...",
+                      flush=True)
             if args.profile and set_name == args.sets.split(",")[-1] and n == bursts[-1]:
                 from torch.profiler import ProfilerActivity, profile
 
