@@ -51,7 +51,6 @@ def main() -> None:
                           ignore_eos=True)
     runner, _codec, _info = load_stages(config)
     runner.warmup()
-    cache = runner._voice_cache_lookup
 
     def sync() -> None:
         if torch.cuda.is_available():
@@ -65,6 +64,7 @@ def main() -> None:
         return (time.perf_counter() - t0) * 1e3
 
     parts = {"build": 0.0, "pass": 0.0, "slots": 0.0}
+    positions: list[int] = []  # the prompt lengths of the last burst built
     real_build, real_groups, real_init = runner.prompts.build_many, runner._prefill_groups, runner._init_slots
 
     def timed_build(*a, **k):
@@ -72,6 +72,7 @@ def main() -> None:
         out = real_build(*a, **k)
         sync()
         parts["build"] += (time.perf_counter() - t0) * 1e3
+        positions[:] = [p[0].prefill.shape[0] for p in out]
         return out
 
     def timed_groups(built):
@@ -96,7 +97,6 @@ def main() -> None:
                     parts.update({"build": 0.0, "pass": 0.0, "slots": 0.0})
                     total = sync_ms(lambda: runner.prefill_many(list(enumerate(reqs))))
                     cells.append((total, parts["build"], parts["pass"] - parts["slots"], parts["slots"]))
-                positions = [p[0].prefill.shape[0] for p in real_build(reqs, cache)]
                 first, cells = cells[0], cells[1:]
                 total, build, pass_, slots = (statistics.median(c[i] for c in cells) for i in range(4))
                 row = {"set": set_name, "burst": n, "token_budget": budget,
