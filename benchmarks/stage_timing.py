@@ -1,12 +1,13 @@
 """Where a served frame's time goes, stage by stage, in one process on one GPU (no HTTP).
 
-    python benchmarks/stage_timing.py --model DIR [--json OUT.json]
+    python benchmarks/stage_timing.py --model DIR [--json OUT.json] [--priorities -1,0] [--codec-sms 104]
 
 Times, on a random checkpoint (--load-format dummy): the batched prefill of new requests (short and long
 texts, 1 to 128 at once); the codec stage's decode call by chunk size and batch; the talker's decode step
 alone and while the codec thread decodes at the same time (both stages share the GPU and the Python
-interpreter), and the codec call while the talker steps. These are the terms of the first-audio latency
-(prefill + first_chunk_frames steps + one codec call) and of the served throughput (steps/s vs codec calls/s).
+interpreter), and the codec call while the talker steps, under each talker stream priority asked for. These
+are the terms of the first-audio latency (prefill + first_chunk_frames steps + one codec call) and of the
+served throughput (steps/s vs codec calls/s).
 """
 
 from __future__ import annotations
@@ -27,13 +28,17 @@ LONG = ("The regional transport authority announced on Monday that ticket prices
         "electric buses and longer evening service on the busiest routes.")
 
 
-def ms(fn, reps: int = 5) -> float:
+def ms(fn, reps: int = 5, device_sync: bool = True) -> float:
+    """Median ms of fn(). Beside another thread's GPU work, device_sync=False: a device-wide synchronisation would
+    wait for the other stage's kernels too (talker steps and codec calls return once their own stream is done)."""
     times = []
     for _ in range(reps):
-        torch.cuda.synchronize()
+        if device_sync:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        if device_sync:
+            torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
@@ -42,6 +47,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--json")
+    ap.add_argument("--priorities", default="0",
+                    help="talker stream priorities to compare side by side with the codec, e.g. -1,0 (lower goes "
+                         "first; the codec's stream has 0, as the talker's in the stack)")
+    ap.add_argument("--codec-sms", type=int, help="SMs the codec may use (the server's --codec-sms; default: all)")
     args = ap.parse_args()
 
     from serving.engine.codec_stage import CodecChunk
@@ -49,8 +58,10 @@ def main() -> None:
     from serving.engine.loader import load_stages
     from serving.engine.request import GenerationRequest
 
+    priorities = [int(p) for p in args.priorities.split(",")]
+
     config = EngineConfig(model=args.model, load_format="dummy", max_batch_size=128, max_model_len=1024,
-                          ignore_eos=True)
+                          ignore_eos=True, codec_sms=args.codec_sms)
     runner, codec, _info = load_stages(config)
     t0 = time.perf_counter()
     runner.warmup()
@@ -78,14 +89,14 @@ def main() -> None:
     rng = np.random.default_rng(0)
     codes = lambda n: rng.integers(0, 2048, size=(n, 16))  # noqa: E731
 
-    def codec_call_ms(batch: int, frames: int) -> float:
+    def codec_call_ms(batch: int, frames: int, device_sync: bool = True) -> float:
         """Median of 5 codec calls of `batch` streams x `frames` new frames (the first call starts the streams)."""
         calls = [0]
 
         def run():
             codec.decode([CodecChunk(slot, codes(frames), calls[0] == 0) for slot in range(batch)])
             calls[0] += 1
-        return round(ms(run, 5), 1)
+        return round(ms(run, 5, device_sync), 1)
 
     codec_ms = {}
     for batch in (1, 16, 64):
@@ -96,47 +107,57 @@ def main() -> None:
     out["codec_call_ms"] = codec_ms
     print("codec call ms:", codec_ms, flush=True)
 
-    step_ms = {}
-    for b in (1, 32, 128):
-        release_all()
-        runner.prefill_many([(i, request(SHORT)) for i in range(b)])
-        step_ms[f"b{b} alone"] = round(ms(lambda: runner.decode_step(b), 20), 2)
-        stop = threading.Event()
-
-        def codec_loop():
-            first = True
-            while not stop.is_set():
-                codec.decode([CodecChunk(s, codes(25), first) for s in range(min(16, codec.num_slots))])
-                first = False
-        thread = threading.Thread(target=codec_loop)
-        thread.start()
-        time.sleep(0.5)
-        step_ms[f"b{b} with codec b16x25 running"] = round(ms(lambda: runner.decode_step(b), 20), 2)
-        stop.set()
-        thread.join()
-    out["talker_step_ms"] = step_ms
-    print("talker step ms:", step_ms, flush=True)
-
-    release_all()
-    runner.prefill_many([(0, request(SHORT))])
-    stop = threading.Event()
-
-    def talker_loop():
+    def talker_steps(b: int, stop: threading.Event) -> None:
+        """Step b rows until told to stop, as the talker thread does (re-prefilled before the slots fill up)."""
         while not stop.is_set():
             if runner.lengths[0] > 900:  # stay inside the KV slot, as the engine's frame limit does
                 release_all()
-                runner.prefill_many([(0, request(SHORT))])
-            runner.decode_step(1)
-    thread = threading.Thread(target=talker_loop)
-    thread.start()
-    time.sleep(0.5)
+                runner.prefill_many([(i, request(SHORT)) for i in range(b)])
+            runner.decode_step(b)
+
+    def codec_calls(stop: threading.Event) -> None:
+        first = True
+        while not stop.is_set():
+            codec.decode([CodecChunk(s, codes(25), first) for s in range(min(16, codec.num_slots))])
+            first = False
+
+    def beside(background, measure):
+        """measure() while background(stop) runs in its own thread, as the other stage's thread runs."""
+        stop = threading.Event()
+        thread = threading.Thread(target=background, args=(stop,))
+        thread.start()
+        time.sleep(0.5)
+        try:
+            return measure()
+        finally:
+            stop.set()
+            thread.join()
+
+    # The two stages side by side, under each talker stream priority asked for (the codec's stream has priority
+    # 0): whether the GPU's block scheduler taking the talker's kernels first shortens its steps
+    # beside the codec, and what it costs the codec's calls.
     contended = {}
-    for batch, frames in ((1, 4), (1, 25), (16, 25)):
-        contended[f"b{batch} x{frames} frames, talker stepping"] = codec_call_ms(batch, frames)
-    stop.set()
-    thread.join()
-    out["codec_call_ms_contended"] = contended
-    print("codec call ms with the talker stepping:", contended, flush=True)
+    for priority in priorities:
+        torch.cuda.synchronize()
+        runner.stream = torch.cuda.Stream(runner.device, priority=priority)
+        cells = {}
+        for b in (1, 32, 128):
+            release_all()
+            runner.prefill_many([(i, request(SHORT)) for i in range(b)])
+            cells[f"talker b{b} alone"] = round(ms(lambda: runner.decode_step(b), 20), 2)
+            cells[f"talker b{b}, codec b16x25 calls beside"] = beside(
+                codec_calls, lambda: round(ms(lambda: runner.decode_step(b), 20, device_sync=False), 2))
+            release_all()
+            runner.prefill_many([(i, request(SHORT)) for i in range(b)])
+            for batch, frames in ((1, 25), (16, 25)):
+                cells[f"codec b{batch}x{frames}, talker b{b} stepping beside"] = beside(
+                    lambda stop: talker_steps(b, stop), lambda: codec_call_ms(batch, frames, device_sync=False))
+        contended[f"talker stream priority {priority}"] = cells
+        print(f"talker stream priority {priority} (codec's: 0; codec SMs {args.codec_sms or 'all'}):", cells,
+              flush=True)
+    out["contended_ms"] = contended
+    out["stream_priority_range"] = list(torch.cuda.Stream.priority_range())
+    out["codec_sms"] = args.codec_sms
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
