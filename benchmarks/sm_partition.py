@@ -7,7 +7,9 @@ stage_timing.py found the talker's 128-row step 3x slower beside the codec's cal
 streams' priorities: each of the frame's ~1,600 small kernels waits for SMs that the codec's blocks hold. This
 times a stand-in of each (no checkpoint needed): the small chain replayed as one CUDA graph on its own stream,
 the convolutions looped in a second thread (eager and as a replayed graph), alone and side by side, the second
-thread's work placed on a green context of --codec-sms SMs (0: the whole GPU, as the stack runs today).
+thread's work placed on a green context of --codec-sms SMs (0: the whole GPU, as the stack runs). The stack
+itself ran its codec so confined in session 15 (commit 721b6b3); served, it did not pay and was taken out
+(docs/performance.md, twelfth pass).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where a served frame's time goes, stage by stage, in one process on one GPU (no HTTP).
 
-    python benchmarks/stage_timing.py --model DIR [--json OUT.json] [--priorities -1,0] [--codec-sms 104]
+    python benchmarks/stage_timing.py --model DIR [--json OUT.json] [--priorities -1,0]
 
 Times, on a random checkpoint (--load-format dummy): the batched prefill of new requests (short and long
 texts, 1 to 128 at once); the codec stage's decode call by chunk size and batch; the talker's decode step
@@ -50,7 +50,6 @@ def main() -> None:
     ap.add_argument("--priorities", default="0",
                     help="talker stream priorities to compare side by side with the codec, e.g. -1,0 (lower goes "
                          "first; the codec's stream has 0, as the talker's in the stack)")
-    ap.add_argument("--codec-sms", type=int, help="SMs the codec may use (the server's --codec-sms; default: all)")
     args = ap.parse_args()
 
     from serving.engine.codec_stage import CodecChunk
@@ -61,7 +60,7 @@ def main() -> None:
     priorities = [int(p) for p in args.priorities.split(",")]
 
     config = EngineConfig(model=args.model, load_format="dummy", max_batch_size=128, max_model_len=1024,
-                          ignore_eos=True, codec_sms=args.codec_sms)
+                          ignore_eos=True)
     runner, codec, _info = load_stages(config)
     t0 = time.perf_counter()
     runner.warmup()
@@ -153,11 +152,9 @@ def main() -> None:
                 cells[f"codec b{batch}x{frames}, talker b{b} stepping beside"] = beside(
                     lambda stop: talker_steps(b, stop), lambda: codec_call_ms(batch, frames, device_sync=False))
         contended[f"talker stream priority {priority}"] = cells
-        print(f"talker stream priority {priority} (codec's: 0; codec SMs {args.codec_sms or 'all'}):", cells,
-              flush=True)
+        print(f"talker stream priority {priority} (codec's: 0):", cells, flush=True)
     out["contended_ms"] = contended
     out["stream_priority_range"] = list(torch.cuda.Stream.priority_range())
-    out["codec_sms"] = args.codec_sms
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -131,13 +131,13 @@ class CodecGraphs:
     """Static buffers and captured steps per bucket; `run(rows)` decodes through the cheapest covering bucket."""
 
     def __init__(self, pool: IncrementalCodecDecoder, buckets: list[Bucket], num_quantizers: int,
-                 device: torch.device, stream: torch.cuda.Stream | None = None):
+                 device: torch.device):
         self.pool = pool
         self.buckets = sorted(set(buckets), key=lambda b: (b[0] * b[1], b[0]))
         self.num_quantizers = num_quantizers
         self.device = device
         self.static: dict[Bucket, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.frame_graphs = FrameGraphs(self._captured, device, stream) if device.type == "cuda" else None
+        self.frame_graphs = FrameGraphs(self._captured, device) if device.type == "cuda" else None
         self.memory: dict[Bucket, int] = {}  # bucket -> bytes: graph pool growth at capture + static inputs
         self.report = CodecGraphReport((), (), 0, None)
 

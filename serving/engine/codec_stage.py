@@ -17,7 +17,6 @@ On a GPU each call replays a CUDA graph of the step for the smallest (batch, fra
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
@@ -28,7 +27,6 @@ import torch
 from serving.engine.codec_graphs import CodecGraphReport, CodecGraphs, pad_rows, run_step
 from serving.engine.cuda_graphs import wait_sleeping
 from serving.engine.lru import LRU
-from serving.engine.sm_partition import confined_stream
 from serving.model.codec_stream import IncrementalCodecDecoder, next_chunk_frames
 
 T = TypeVar("T")
@@ -154,21 +152,16 @@ class CodecRunner:
 
     def __init__(self, decoder: torch.nn.Module, device: torch.device, num_quantizers: int, num_slots: int,
                  graph_buckets: tuple[tuple[int, int], ...] = (), graph_budget_bytes: int | None = None,
-                 primed_cache_size: int = 32, sms: int | None = None):
+                 primed_cache_size: int = 32):
         """graph_buckets: (batch, frames) shapes to capture at warm-up (none: every call runs eagerly);
         graph_budget_bytes: the most memory they may take (None: no limit), the largest dropped first;
-        primed_cache_size: states after priming kept, one per distinct reference (see _prime);
-        sms: on CUDA, the SMs the codec's kernels may use (serving/engine/sm_partition.py; None: every SM, on
-        the default stream)."""
+        primed_cache_size: states after priming kept, one per distinct reference (see _prime)."""
         self.pool = IncrementalCodecDecoder(decoder, num_slots)
         self.device = device
         self.num_quantizers = num_quantizers
         self.samples_per_frame = decoder.samples_per_frame
         self._free = list(range(num_slots - 1, -1, -1))
-        self.sms = sms
-        self._partition, self.stream = confined_stream(device, sms) if sms is not None else (None, None)
-        self.graphs = (CodecGraphs(self.pool, list(graph_buckets), num_quantizers, device, self.stream)
-                       if graph_buckets else None)
+        self.graphs = CodecGraphs(self.pool, list(graph_buckets), num_quantizers, device) if graph_buckets else None
         self.graph_budget_bytes = graph_budget_bytes
         self.fused_activations = fused_activations(decoder, device)
         self._host: torch.Tensor | None = None  # pinned landing buffer of the waveforms (GPU only, see _to_host)
@@ -202,25 +195,16 @@ class CodecRunner:
         """The codec's side of the engine's configuration (GET /health): device, dtype, state, graphs."""
         param = next(self.pool.decoder.parameters())
         d = {"codec_device": str(param.device), "codec_dtype": str(param.dtype).removeprefix("torch."),
-             "codec_sms": self.sms,
              "codec_slots": self.num_slots, "codec_fused_activations": self.fused_activations,
              "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
         report = self.graph_report or CodecGraphReport((), (), 0, self.graph_budget_bytes)
         return d | report.describe()
-
-    def _on_stream(self):
-        """The codec's work goes on its confined stream when it has one (else the current, default stream)."""
-        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
     @torch.inference_mode()
     def decode(self, chunks: list[CodecChunk]) -> list[np.ndarray]:
         """One float32 waveform per chunk: its new frames' samples."""
         if not chunks:
             return []
-        with self._on_stream():
-            return self._decode(chunks)
-
-    def _decode(self, chunks: list[CodecChunk]) -> list[np.ndarray]:
         self._prime([c for c in chunks if c.prime is not None])
         rows = [(c.slot, c.codes, c.first and c.prime is None) for c in chunks]
         self._check(rows)
@@ -287,12 +271,6 @@ class CodecRunner:
         references of up to prime_frames frames (voice clone models; at most WARM_PRIME_FRAMES, a 10 s clip),
         then capture the graphs; every stream starts its slot afresh or primed, so what this leaves in the
         slots is never heard."""
-        if self.stream is not None:
-            torch.cuda.synchronize(self.device)  # the weights and state were made on the default stream
-        with self._on_stream():
-            self._warmup(frame_counts, prime_frames)
-
-    def _warmup(self, frame_counts: tuple[int, ...], prime_frames: int) -> None:
         for frames in frame_counts:
             zeros = np.zeros((frames, self.num_quantizers), dtype=np.int64)
             self.decode([CodecChunk(0, zeros, True)])

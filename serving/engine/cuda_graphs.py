@@ -76,11 +76,9 @@ Step = Callable[[int, int], tuple[torch.Tensor, ...]]
 class FrameGraphs:
     """Captured frames keyed by (batch, kv_len); `step(batch, kv_len)` returns the frame's output tensors."""
 
-    def __init__(self, step: Step, device: torch.device, stream: torch.cuda.Stream | None = None):
-        """stream: where to capture (a green context's stream: its SMs are the graphs'); None: a private one."""
+    def __init__(self, step: Step, device: torch.device):
         self.step = step
         self.device = device
-        self.stream = stream
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self.pool = None
         self.memory_bytes = 0  # device memory the graphs' private pool took
@@ -88,13 +86,13 @@ class FrameGraphs:
     def capture(self, batch: int, kv_len: int) -> None:
         """Run the step once on a side stream (lazy initialisation, compilation), then capture it."""
         before = torch.cuda.memory_reserved(self.device)
-        side = self.stream or torch.cuda.Stream(self.device)
+        side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             self.step(batch, kv_len)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+        with torch.cuda.graph(graph, pool=self.pool):
             out = self.step(batch, kv_len)
         if self.pool is None:
             self.pool = graph.pool()

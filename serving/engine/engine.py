@@ -84,7 +84,6 @@ class EngineConfig:
     codec_dtype: str = "auto"  # the codec decoder's weights and state; auto: bfloat16 on CUDA (as the official loads it), float32 on CPU
     codec_graph_batches: tuple[int, ...] | None = None  # codec graph batch buckets; None: 1, 2, 4, ... max_codec_batch
     codec_graph_memory_gb: float | None = None  # most memory codec graphs may take (None: no limit)
-    codec_sms: int | None = None  # SMs the codec's kernels may use, the rest kept for the talker (None: all)
 
     def __post_init__(self):
         for name in ("max_batch_size", "chunk_frames", "first_chunk_frames", "max_model_len", "max_codec_batch"):
@@ -98,8 +97,6 @@ class EngineConfig:
             raise ValueError("max_graph_batch must be at least 1")
         if self.codec_graph_memory_gb is not None and self.codec_graph_memory_gb < 0:
             raise ValueError("codec_graph_memory_gb must be >= 0")
-        if self.codec_sms is not None and self.codec_sms < 1:
-            raise ValueError("codec_sms must be at least 1")
         from serving.engine.codec_graphs import make_batch_buckets
 
         make_batch_buckets(self.max_codec_batch, self.codec_graph_batches)  # raises for sizes no call can have

@@ -49,11 +49,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def check_placement(config) -> None:
     """Raise ValueError now for devices or a dtype that cannot work, instead of failing during loading."""
     talker = resolve_device(config.talker_device)
-    codec = resolve_device(config.codec_device, fallback=talker)
+    resolve_device(config.codec_device, fallback=talker)
     resolve_dtype(config.dtype, talker)
     resolve_dtype(config.codec_dtype, talker)
-    if config.codec_sms is not None and codec.type != "cuda":
-        raise ValueError(f"--codec-sms confines the codec to part of a GPU; its device is {codec}, not CUDA")
 
 
 def slot_bytes(model_cfg, max_model_len: int, dtype: torch.dtype) -> int:
@@ -141,7 +139,7 @@ def load_stages(config):
                                num_slots=num_slots + config.max_codec_batch,
                                graph_buckets=codec_graph_buckets(config, codec_device),
                                graph_budget_bytes=None if config.codec_graph_memory_gb is None
-                               else int(config.codec_graph_memory_gb * 1024**3), sms=config.codec_sms)
+                               else int(config.codec_graph_memory_gb * 1024**3))
     task_type = TASK_TYPES[model_cfg.tts_model_type]
     info = EngineInfo(
         model_name=config.model_name or path.name,

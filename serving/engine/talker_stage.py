@@ -159,7 +159,7 @@ class TalkerRunner:
             raise ValueError("CUDA graphs need a CUDA device")
         self.graph_buckets = make_graph_buckets(num_slots, max_graph_batch) if cuda_graphs else ()
         self.graphs = FrameGraphs(lambda b, kv: self._step(b, kv, True), device) if cuda_graphs else None
-        # the talker's own CUDA stream: its frames never queue behind the codec's kernels on the codec's stream
+        # the talker's own CUDA stream: its frames never queue behind the codec's kernels on the default stream
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         if self.stream is not None:  # pinned landing buffers for the codes of two outstanding steps (launch)
             self._buffers = [_HostBuffer(s, self.num_groups) for _ in range(2)]
