@@ -1,12 +1,20 @@
 """Where the first audio of a load level's requests went inside the server: a `ttsbench serve --request-log` file.
 
-    python benchmarks/request_timeline.py SERVER_REQUESTS.jsonl --concurrency C [--warmup W] [--json OUT.json]
+    python benchmarks/request_timeline.py SERVER_REQUESTS.jsonl --concurrency C [--warmup W] [--slices N]
+                                          [--json OUT.json]
 
 After its W warmup requests, a closed-loop level sends C requests at once (the first wave) and each later
 one when a stream's previous request ends; the two groups meet different servers (idle and burst-hit vs
 steady), so they are summarised apart: for each step between two milestones of
 serving.engine.engine.TIMELINE (the server's arrival first) the p50 / p95 / max in ms, and the batch sizes
 the requests met. gpu_bench.sh writes one file per level and runs this on it.
+
+Then the generation's pace over the level, in --slices equal slices of time from the first prefill to the last
+frame: rows generating (mean), frames per second and ms per step (rows / frames per second). The log keeps no
+per-frame times, so each request counts as generating at its own mean rate from its prefill to its last frame:
+a slice's pace is that of the steps its requests met, pauses for other requests' prefills included. It shows
+what a level's throughput is made of: the first wave's ramp, the full-load steps (and whether they slow as
+contexts grow), and the tail, where the last requests run with few rows.
 """
 
 from __future__ import annotations
@@ -62,6 +70,35 @@ def split_waves(records: list[dict], concurrency: int, warmup: int = 0) -> dict[
             "later": [r for i, r in measured if i >= concurrency]}
 
 
+def pace(records: list[dict], slices: int = 10) -> list[dict]:
+    """[{"from_s", "to_s", "rows", "frames_per_s", "ms_per_step"}] over `slices` equal slices of the span from
+    the first prefill to the last frame, seconds from its start; each request generating at its mean rate."""
+    spans = [(r["arrival"] + r["ms"]["prefilled"] / 1e3, r["arrival"] + r["ms"]["last_frame"] / 1e3, r["frames"])
+             for r in records if r.get("frames") and "prefilled" in r["ms"] and "last_frame" in r["ms"]]
+    spans = [(a, b, f) for a, b, f in spans if b > a]
+    if not spans:
+        return []
+    start, end = min(a for a, _, _ in spans), max(b for _, b, _ in spans)
+    edges = np.linspace(start, end, slices + 1)
+    rows = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        overlap = [(max(0.0, min(b, hi) - max(a, lo)), f / (b - a)) for a, b, f in spans]
+        width = hi - lo
+        busy = sum(o for o, _ in overlap) / width
+        rate = sum(o * r for o, r in overlap) / width
+        rows.append({"from_s": round(lo - start, 2), "to_s": round(hi - start, 2), "rows": round(busy, 1),
+                     "frames_per_s": round(rate, 1), "ms_per_step": round(1e3 * busy / rate, 2) if rate else None})
+    return rows
+
+
+def render_pace(rows: list[dict]) -> str:
+    lines = ["| from s | to s | rows (mean) | frames/s | ms per step |", "|---|---|---|---|---|"]
+    for r in rows:
+        step = "-" if r["ms_per_step"] is None else f"{r['ms_per_step']:.2f}"
+        lines.append(f"| {r['from_s']:.1f} | {r['to_s']:.1f} | {r['rows']:.1f} | {r['frames_per_s']:.0f} | {step} |")
+    return "\n".join(lines)
+
+
 def render(groups: dict[str, dict]) -> str:
     lines = ["| group | n | " + " | ".join(name for name, _, _ in STEPS) + " | batches (mean / max) |",
              "|---|---|" + "---|" * len(STEPS) + "---|"]
@@ -78,16 +115,22 @@ def main() -> None:
     ap.add_argument("log", type=Path)
     ap.add_argument("--concurrency", type=int, required=True, help="The level's concurrency: its first wave's size.")
     ap.add_argument("--warmup", type=int, default=0, help="Requests before the level (ttsbench run --warmup).")
-    ap.add_argument("--json", type=Path)
+    ap.add_argument("--slices", type=int, default=10, help="Slices of time for the generation's pace.")
+    ap.add_argument("--json", type=Path, help="Write the groups' summaries by label, and the pace under 'pace'.")
     args = ap.parse_args()
+    if args.slices < 1:
+        raise SystemExit("--slices must be at least 1")
     waves = split_waves(load(args.log), args.concurrency, args.warmup)
     groups = {label: summarise(rs) for label, rs in waves.items() if rs}
     if not groups:
         raise SystemExit(f"{args.log}: no completed request after the warmup")
     print("  server timeline, ms p50 / p95 of each step of the first audio:")
     print(render(groups))
+    rows = pace(waves["first wave"] + waves["later"], args.slices)
+    print("  generation pace (each request at its mean rate from its prefill to its last frame):")
+    print(render_pace(rows))
     if args.json:
-        args.json.write_text(json.dumps(groups, indent=1) + "\n")
+        args.json.write_text(json.dumps({**groups, "pace": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
