@@ -10,8 +10,11 @@
 # OUT (default /tmp/gpu_ab), and every gpu_bench.sh knob (LEVELS, TASKS, SETS, SIZE, SERVE_ARGS, DECODE_ARGS, ...).
 # Results: $OUT/<variant>[-<i>]/ as gpu_bench.sh leaves them (table.md, raw.tgz), $OUT/<variant>[-<i>].log its
 # output; .ab/rev names the base revision. The variants share gpu_bench.sh's work folder, so the random checkpoints
-# the first one writes serve both; a base from before `--text-vocab` (378e361) writes and names its own, with the
-# small text BPE: compare with one under TEXT_VOCAB=small.
+# the first one writes serve both; a base from before `--text-vocab` (378e361) names its checkpoints without the
+# vocabulary's suffix, so they are linked to the real-vocabulary ones already written (unless TEXT_VOCAB=small).
+# Each `serve` stage starts a server: ~200 s on a machine that has compiled before, ~330 s on a fresh one, so two
+# variants' serve stages may not fit one 10-minute device call: run VARIANTS=new, then VARIANTS=base on the same
+# (still warm) machine.
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -34,9 +37,15 @@ run)
   tar -xzf .ab/base.tgz -C "$base"
   [ -d .peer-bench ] && cp -r .peer-bench "$base/"
   echo "base: $(cat .ab/rev 2>/dev/null || echo '?'); stages: ${*:-gpu_bench.sh defaults}"
+  old_names=; grep -q TEXT_VOCAB "$base/benchmarks/gpu_bench.sh" || [ "${TEXT_VOCAB:-}" = small ] || old_names=1
   declare -A seen=()
   for v in ${VARIANTS:-new base}; do
     case $v in new) dir=$ROOT;; base) dir=$base;; *) echo "unknown variant $v (new or base)"; continue;; esac
+    if [ "$v" = base ] && [ -n "$old_names" ]; then
+      for ck in /tmp/gpu_bench_work/ckpt-*-qwen-vocab; do  # the base's names for the checkpoints written so far
+        [ -d "$ck" ] && ln -sfn "$ck" "${ck%-qwen-vocab}" && echo "base predates --text-vocab: ${ck%-qwen-vocab} -> $ck"
+      done
+    fi
     seen[$v]=$(( ${seen[$v]:-0} + 1 ))
     name=$v; [ "${seen[$v]}" -gt 1 ] && name=$v-${seen[$v]}
     echo "##### $name ($(date -u +%T))"
