@@ -18,11 +18,12 @@ from typer.testing import CliRunner
 
 from tests.runfixtures import SAMPLE_RATE, make_run
 from ttsbench.cli import app
+from ttsbench.report import plots
 from ttsbench.report.playback import playback
 from ttsbench.report.tables import QUALITY_FIGURES, SUMMARY_FIGURES
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-GROUP_FIGURES = {"latency", "throughput", "rtf", "ttfab-cdf", "timeline"}
+GROUP_FIGURES = {"latency", "throughput", "rtf", "ttfab-cdf", "delivery", "timeline"}
 
 
 class ReportParser(HTMLParser):
@@ -139,8 +140,8 @@ def test_single_run_has_every_section_table_and_figure(runs, reports):
             assert f"{row['ttfab_ms_p95']:,.1f}" in sec["text"]
             assert f"{row['audio_throughput']:,.3f}" in sec["text"]
             assert f"{row['rtf_p99']:,.3f}" in sec["text"]
-    # 4 figures per group + 1 timeline figure per group, all valid PNGs of a readable size.
-    assert len(p.images) == 2 * 5
+    # 4 figures per group + a delivery and a timeline figure per run and group, all valid PNGs of a readable size.
+    assert len(p.images) == 2 * 6
     for alt, png in p.images:
         img = mpimg.imread(io.BytesIO(png), format="png")
         assert img.shape[1] >= 600 and img.shape[0] >= 200, alt
@@ -187,6 +188,7 @@ def test_several_runs_side_by_side_with_relative_change(runs, reports):
     sec = p.sections["results-custom-short-concurrency"]
     assert set(sec["figures"]) == GROUP_FIGURES
     assert sec["figures"].count("timeline") == 2     # one per run; the other plots overlay both runs
+    assert sec["figures"].count("delivery") == 2
     assert "candidate" in sec["text"] and "Each run beside the first (base)" in sec["text"]
     for b, c in zip(base["rows"], cand["rows"]):
         if (b["task"], b["set"]) != ("custom", "short"):
@@ -208,6 +210,7 @@ def test_baseline_file_beside_a_run(runs, tmp_path):
     sec = p.sections["results-custom-short-concurrency"]
     assert "baseline base" in sec["text"] and "candidate" in sec["text"]
     assert sec["figures"].count("timeline") == 1        # only the run has per-request records
+    assert sec["figures"].count("delivery") == 1
     assert set(sec["figures"]) == GROUP_FIGURES
     alone = parse(build([base], tmp_path / "alone.html")).sections["results-custom-short-concurrency"]
     assert alone["figures"] == ["latency", "throughput"]  # no empty distribution plots
@@ -241,6 +244,22 @@ def test_playback_model_matches_stored_underruns_and_the_harness(runs):
         spb = r["audio_s"] / r["bytes"]
         total, worst = metrics.underrun([(t / 1000, n * spb) for t, n in r["chunks"]])
         assert abs(pb.underrun_s - total) < 1e-5 and abs(pb.underrun_max_s - worst) < 1e-5
+
+
+def test_delivery_series_by_hand():
+    """Two requests sent 1 s apart, each 1 s of audio at 24 kHz PCM16 in two chunks: audio received per second
+    and requests in flight, slice by slice."""
+    def rec(t, chunks, e2e_ms):
+        return {"t_start": t, "chunks": chunks, "e2e_ms": e2e_ms, "sample_rate": 24000, "format": "pcm",
+                "stream": True, "bytes": sum(n for _, n in chunks), "audio_s": 1.0}
+    half = 24000  # bytes of 0.5 s of 16-bit mono audio at 24 kHz
+    starts, audio, flight = plots.delivery_series(
+        [rec(10.0, [[200.0, half], [900.0, half]], 1000.0), rec(11.0, [[500.0, half], [1900.0, half]], 2000.0)],
+        bins=3)
+    assert list(starts) == [0.0, 1.0, 2.0]
+    assert list(audio) == [1.0, 0.5, 0.5]  # 0.2 s and 0.9 s; 1.5 s; 2.9 s
+    assert list(flight) == [1.0, 1.0, 1.0]
+    assert plots.delivery_series([rec(0.0, [], 10.0)]) is None
 
 
 def test_playback_by_hand():

@@ -96,6 +96,12 @@ def _group_section(runs: list[Run], task: str, set_: str, mode: str, levels: lis
                     f"Cumulative distribution of TTFAB per level{names}."),
         ]
     for run in runs:
+        over_time = plots.audio_over_time(run, task, set_, levels)
+        if over_time is not None:
+            figs.append(_figure("delivery", over_time,
+                                f"{run.label}: audio received per second over each level's wall time, and "
+                                "requests in flight: the ramp, the span at full load and the drain that the "
+                                "level's throughput averages."))
         picked = [r for r in plots.pick_timeline_requests(run, task, set_, levels) if playback(r)]
         if picked:
             title = f"{run.label}: chunk arrivals" if len(runs) > 1 else "chunk arrivals"

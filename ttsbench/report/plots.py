@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image
 
-from ttsbench.report.playback import playback
+from ttsbench.report.playback import playback, seconds_per_byte
 from ttsbench.report.rundir import Run, level_key
 
 RUN_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
@@ -189,6 +189,55 @@ def ttfab_cdf(runs, task, set_, levels, mode) -> bytes:
     if all_vals:
         ax.legend(fontsize=8, ncol=max(1, (len(levels) * len(runs)) // 8), title=axis_label(mode),
                   title_fontsize=8)
+    fig.tight_layout()
+    return to_png(fig)
+
+
+def delivery_series(records: list[dict], bins: int = 40) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Over a level's wall time, from its first request sent to its last byte in `bins` equal slices: (slice
+    starts in s, audio seconds received per second in each, mean requests in flight in each), from each
+    record's send time and timed chunks. None when no record has timed audio."""
+    sends = [(r["t_start"], r) for r in records if isinstance(r.get("t_start"), (int, float))]
+    events = [(t + ms / 1000.0, n * spb) for t, r in sends if (spb := seconds_per_byte(r)) is not None
+              for ms, n in (r.get("chunks") or []) if n > 0]
+    if not events:
+        return None
+    t0 = min(t for t, _ in sends)
+    spans = [(t - t0, t - t0 + r["e2e_ms"] / 1000.0) for t, r in sends if isinstance(r.get("e2e_ms"), (int, float))]
+    end = max(max(t for t, _ in events) - t0, max((b for _, b in spans), default=0.0))
+    edges = np.linspace(0.0, end, bins + 1)
+    width = edges[1] - edges[0]
+    audio, _ = np.histogram([t - t0 for t, _ in events], bins=edges, weights=[s for _, s in events])
+    flight = np.array([sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in spans)
+                       for lo, hi in zip(edges[:-1], edges[1:])]) / width
+    return edges[:-1], audio / width, flight
+
+
+def audio_over_time(run: Run, task, set_, levels) -> bytes | None:
+    """Audio received per second over each level's wall time, and requests in flight: where a level ramps up,
+    holds and drains (its throughput is the mean over all three; "at full load" is the middle one)."""
+    series = [(level, delivery_series([r for r in run.measured() if r.get("task") == task
+                                       and r.get("set") == set_ and r.get("level") == level])) for level in levels]
+    series = [(level, s) for level, s in series if s is not None]
+    if not series:
+        return None
+    fig = Figure(figsize=(11, 3.6))
+    ax_audio, ax_flight = fig.subplots(1, 2)
+    cmap = matplotlib.colormaps["viridis"]
+    for k, (level, (starts, audio, flight)) in enumerate(series):
+        color = cmap(k / max(1, len(series) - 1))
+        ax_audio.step(starts, audio, where="post", color=color, label=level)
+        ax_flight.step(starts, flight, where="post", color=color, label=level)
+    for ax, title, unit in ((ax_audio, "audio received over the level", "audio s / s"),
+                            (ax_flight, "requests in flight", "requests")):
+        ax.set_title(title)
+        ax.set_xlabel("time since the level's first request (s)")
+        ax.set_ylabel(unit)
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+    ax_audio.legend(fontsize=8, ncol=max(1, len(series) // 6))
+    fig.suptitle(f"{run.label}: {task} / {set_}", fontsize=10)
     fig.tight_layout()
     return to_png(fig)
 
