@@ -116,11 +116,10 @@ def main() -> None:
                 rows.append(row)
                 how = f"{'graphs' if row['graphs'] else 'pass'} (graphs <= {group})"
                 print(f"  {set_name:5s} burst {n:3d} budget {budget:5d} {how:20s}: {row['positions_mean']:.0f} "
-                      f"positions mean "
-                      f"({row['positions_max']} max)  prefill_many {total:7.1f} ms = build {build:6.1f} + pass "
-                      f"{pass_:6.1f} + slot setup {slots:5.1f} + rest {row['rest_ms']:5.1f}  ({total / n:.2f} ms per "
-                      f"request); first call {first[0]:.1f} = {first[1]:.1f} + {first[2]:.1f} + {first[3]:.1f} + ...",
-                      flush=True)
+                      f"positions mean ({row['positions_max']} max)  prefill_many {total:7.1f} ms = build "
+                      f"{build:6.1f} + pass {pass_:6.1f} + slot setup {slots:5.1f} + rest {row['rest_ms']:5.1f}  "
+                      f"({total / n:.2f} ms per request); first call {first[0]:.1f} = {first[1]:.1f} + "
+                      f"{first[2]:.1f} + {first[3]:.1f} + ...", flush=True)
             if args.profile and set_name == args.sets.split(",")[-1] and n == bursts[-1]:
                 from torch.profiler import ProfilerActivity, profile
 

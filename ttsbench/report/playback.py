@@ -50,15 +50,23 @@ def seconds_per_byte(record: dict) -> float | None:
     return None
 
 
-def playback(record: dict) -> Playback | None:
-    """The playback of one request record, or None when it carried no timed audio."""
+def timed_audio(record: dict) -> list[tuple[float, float]] | None:
+    """(arrival in seconds since the request was sent, audio seconds) of each chunk that carried audio, or None
+    when the record has no timed audio."""
     spb = seconds_per_byte(record)
     chunks = [(float(t), int(n)) for t, n in (record.get("chunks") or []) if n > 0]
     if spb is None or not chunks:
         return None
-    arrival_t = [t_ms / 1000.0 for t_ms, _ in chunks]
-    seconds = [n * spb for _, n in chunks]
-    received_s = list(accumulate(seconds))
-    starved = stalls(list(zip(arrival_t, seconds)))
+    return [(t_ms / 1000.0, n * spb) for t_ms, n in chunks]
+
+
+def playback(record: dict) -> Playback | None:
+    """The playback of one request record, or None when it carried no timed audio."""
+    chunks = timed_audio(record)
+    if chunks is None:
+        return None
+    arrival_t = [t for t, _ in chunks]
+    received_s = list(accumulate(s for _, s in chunks))
+    starved = stalls(chunks)
     end_t = arrival_t[0] + received_s[-1] + sum(b - a for a, b in starved)
     return Playback(arrival_t, received_s, starved, end_t)

@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image
 
-from ttsbench.report.playback import playback, seconds_per_byte
+from ttsbench.report.playback import playback, timed_audio
 from ttsbench.report.rundir import Run, level_key
 
 RUN_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
@@ -198,8 +198,7 @@ def delivery_series(records: list[dict], bins: int = 40) -> tuple[np.ndarray, np
     starts in s, audio seconds received per second in each, mean requests in flight in each), from each
     record's send time and timed chunks. None when no record has timed audio."""
     sends = [(r["t_start"], r) for r in records if isinstance(r.get("t_start"), (int, float))]
-    events = [(t + ms / 1000.0, n * spb) for t, r in sends if (spb := seconds_per_byte(r)) is not None
-              for ms, n in (r.get("chunks") or []) if n > 0]
+    events = [(t + arrival, seconds) for t, r in sends for arrival, seconds in (timed_audio(r) or [])]
     if not events:
         return None
     t0 = min(t for t, _ in sends)
