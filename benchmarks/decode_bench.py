@@ -137,6 +137,10 @@ def configure(runner, variant: str) -> None:
     runner._sample_candidates = candidate_sampler(runner.device)
     # compile-modules: every step's code predictor through the compiled modules (before its fused Triton layers)
     runner.fused_cp_rows = FUSED_CP_ROWS if runner.fused_cp is not None and variant != "compile-modules" else 0
+    # compile-wide-modules: steps over FUSED_CP_ROWS rows run the code predictor's compiled modules (before the wide
+    # layers: torch's products around the fused attention kernel)
+    _EDGES.setdefault("wide_cp", runner.wide_cp)
+    runner.wide_cp = None if variant == "compile-wide-modules" else _EDGES["wide_cp"]
     # compile-talker-modules: the talker's layers through the compiled modules at every batch (before its fused layers)
     fused_talker = runner.fused_talker is not None and variant != "compile-talker-modules"
     runner.fused_talker_rows = FUSED_TALKER_ROWS if fused_talker else 0
@@ -165,7 +169,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32,64,128")
     ap.add_argument("--variants", default="eager,graph,compile",
                     help="eager, graph, compile (compiled layers + graph); experiments on top of compile: "
-                         "compile-layers, compile-torch-sampler, compile-cdt, compile-modules, compile-talker-modules, "
+                         "compile-layers, compile-torch-sampler, compile-cdt, compile-modules, compile-wide-modules, "
+                         "compile-talker-modules, "
                          "compile-bucket-attention "
                          "(see configure)")
     ap.add_argument("--context", type=int, default=120, help="prompt positions per row before timing")

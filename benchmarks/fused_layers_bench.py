@@ -3,11 +3,14 @@
 For each matrix-product role of a fused layer and each row count a frame's code predictor passes (1 to 16), times
 every tile of a small sweep against cuBLAS's plain product (F.linear, which does less: no norm, no epilogue), 20
 calls in a CUDA graph, each call on its own weight (so, as in a frame, the weights come from HBM, not L2); and
-the attention kernel. Prints a table and the best tile per role; a measurement to choose triton_layers._TILES.
-First it compares the fused stacks' logits with the torch stacks' in bfloat16 (see agreement), and the
-fused layers with and without programmatic dependent launch (see pdl_check).
+the attention kernel over the code predictor's cache, for each (query heads per program, warps) at 1 to 128 rows.
+Prints tables and the best tile per role, and the best attention launch for the wide layers (over MAX_ROWS rows);
+a measurement to choose triton_layers._TILES. First it compares the fused and wide stacks' logits with the torch
+stacks' in bfloat16 (see agreement), and the fused layers with and without programmatic dependent launch (see
+pdl_check).
 
     python benchmarks/fused_layers_bench.py [--rows 1,2,4,8,16] [--json TILES.json] [--agreement-only]
+        [--attention-only]
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from graph_timing import us_per_call
 
 from serving.engine import triton_layers
 from serving.model.config import TransformerConfig
-from serving.model.layers import Attention, DecoderStack, KVCache, RotaryTable, attention_mask
+from serving.model.layers import Attention, DecoderStack, KVCache, RotaryTable, apply_rope, attention_mask
 
 CALLS = 20
 # role: (K, N of the weight, the call), 0.6B code predictor
@@ -49,11 +52,19 @@ def main() -> None:
     ap.add_argument("--json", help="write the best tile per role here (decode_bench.py --tiles reads it)")
     ap.add_argument("--agreement-only", action="store_true",
                     help="only compare the fused stacks with the torch ones, and PDL on and off")
+    ap.add_argument("--attention-only", action="store_true",
+                    help="only the agreement and the attention launches (--json: the wide layers' best)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     dev = torch.device("cuda")
     print(f"device {torch.cuda.get_device_name()}; torch {torch.__version__}")
     agreement(dev)
+    if args.attention_only:
+        best = attention_launches(dev)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"attention": {"wide": best}}, f)
+        return
     pdl_check(dev)
     if args.agreement_only:
         return
@@ -95,17 +106,57 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(best_by_role, f)
 
+    attention_launches(dev)
+
+
+def attention_launches(dev: torch.device) -> tuple[int, int]:
+    """us per call of the attention kernel over the code predictor's 16-position cache (q/k norm, rotary, cache
+    write, attention) for each (query heads per program, warps), and of what the compiled modules run instead
+    (SDPA after their own norm, rotary and cache writes, the "modules" column); returns the launch with the least
+    total time over the calls of more than MAX_ROWS rows (the wide layers')."""
     attn = Attention(stack_config(1, 16)).to(dev, torch.bfloat16)
     rotary = RotaryTable(128, 1e6, 16).to(dev)
-    print("| attention: batch x positions | us per call |")
-    print("|---|---|")
-    for batch, seq in ((1, 2), (1, 1), (4, 1), (8, 1), (8, 2)):
+    launches = list(itertools.product((1, 2), (1, 2, 4, 8)))
+    saved = triton_layers._TILES["attention"].copy()
+
+    def modules(qkv, batch, seq, pos, k, v, kv_len):  # Attention.forward between its projections
+        q, kk, vv = qkv.view(batch, seq, -1).split([16 * 128, 8 * 128, 8 * 128], dim=-1)
+        q = attn.q_norm(q.view(batch, seq, 16, 128)).transpose(1, 2)
+        kk = attn.k_norm(kk.view(batch, seq, 8, 128)).transpose(1, 2)
+        cos, sin = rotary(pos, qkv.dtype)
+        q, kk = apply_rope(q, cos, sin), apply_rope(kk, cos, sin)
+        rows = torch.arange(batch, device=dev)[:, None]
+        k[rows, :, pos] = kk.transpose(1, 2)
+        v[rows, :, pos] = vv.reshape(batch, seq, 8, 128)
+        return F.scaled_dot_product_attention(q, k[:, :, :kv_len], v[:, :, :kv_len], scale=attn.scale,
+                                              enable_gqa=True)
+
+    compiled = torch.compile(modules, dynamic=True)
+    print("| attention: batch x positions | modules us | " + " | ".join(f"{h} heads, {w} warps" for h, w in launches)
+          + " |")
+    print("|---|---|" + "---|" * len(launches))
+    totals = dict.fromkeys(launches, 0.0)
+    for batch, seq in ((1, 2), (1, 1), (8, 1), (8, 2), (16, 1), (32, 1), (32, 2), (64, 1), (128, 1), (128, 2)):
         qkv = torch.randn(batch * seq, 32 * 128, dtype=torch.bfloat16, device=dev)
         k = torch.zeros(batch, 8, 16, 128, dtype=torch.bfloat16, device=dev)
         v = torch.zeros_like(k)
-        pos = torch.arange(seq, device=dev).expand(batch, seq) + (0 if seq == 2 else 9)
-        us = us_per_call(lambda i: triton_layers.attention(qkv, attn, rotary.cos, rotary.sin, pos, k, v), CALLS)
-        print(f"| {batch} x {seq} | {us:.2f} |", flush=True)
+        first = 0 if seq == 2 else 9
+        pos = torch.arange(seq, device=dev).expand(batch, seq) + first
+        with torch.inference_mode():
+            base = us_per_call(lambda i: compiled(qkv, batch, seq, pos, k, v, first + seq), CALLS)
+            cells = []
+            for launch in launches:
+                triton_layers._TILES["attention"] = {"few": launch, "wide": launch}
+                us = us_per_call(lambda i: triton_layers.attention(qkv, attn, rotary.cos, rotary.sin, pos, k, v),
+                                 CALLS)
+                cells.append(f"{us:.2f}")
+                if batch * seq > triton_layers.MAX_ROWS:
+                    totals[launch] += us
+        print(f"| {batch} x {seq} | {base:.2f} | " + " | ".join(cells) + " |", flush=True)
+    triton_layers._TILES["attention"] = saved
+    best = min(totals, key=totals.get)
+    print(f"best launch over {triton_layers.MAX_ROWS} rows (query heads per program, warps): {best}", flush=True)
+    return best
 
 
 def pdl_check(dev: torch.device) -> None:
@@ -140,10 +191,10 @@ def pdl_check(dev: torch.device) -> None:
 
 def agreement(dev: torch.device) -> None:
     """On the GPU in bfloat16 the fused kernels round differently from cuBLAS and the compiled modules (sums in
-    another order), so their logits differ by bfloat16 noise. For the 0.6B code predictor (a frame's 15 passes)
-    and the 0.6B talker (15 steps over a 1024-position cache whose rows are at positions 100-600), random
-    weights and the same inputs: the largest logit difference against the logits' spread, and how often both
-    pick the same top code."""
+    another order), so their logits differ by bfloat16 noise. For the 0.6B code predictor (a frame's 15 passes;
+    the fused layers at 1-8 rows, the compiled wide layers at 32 and 128) and the 0.6B talker (15 steps over a
+    1024-position cache whose rows are at positions 100-600), random weights and the same inputs: the largest
+    logit difference against the logits' spread, and how often both pick the same top code."""
     print("| stack | rows | passes | max logit difference / logit std | same top code |")
     print("|---|---|---|---|---|")
     for name, layers, cache_len, vocab in (("code predictor", 5, 16, 2048), ("talker", 28, 1024, 3072)):
@@ -153,7 +204,10 @@ def agreement(dev: torch.device) -> None:
         head = torch.nn.Linear(1024, vocab, bias=False).to(dev, torch.bfloat16)
         fused = triton_layers.FusedStack(stack)
         talker = name == "talker"
-        for batch in (1, 4, 8):
+        wide = triton_layers.WideStack(stack)
+        wide.compile()
+        runs = [("fused", batch) for batch in (1, 4, 8)] + ([] if talker else [("wide", 32), ("wide", 128)])
+        for kind, batch in runs:
             cache = KVCache.for_stack(cfg, batch, cache_len, torch.bfloat16, dev)
             if talker:  # the rows' earlier positions: a prompt's and earlier frames' keys and values
                 cache.k.normal_(), cache.v.normal_()
@@ -171,13 +225,17 @@ def agreement(dev: torch.device) -> None:
                     else:
                         out = stack(x, pos, cache, pos, kv_len=int(pos[0, -1]) + 1, mask=None)
                     want = head(out[:, -1]).float()
-                    got = fused.head(fused(x, pos, k, v)[:, -1], head.weight).float()
+                    if kind == "fused":
+                        got = fused.head(fused(x, pos, k, v)[:, -1], head.weight).float()
+                    else:
+                        got = head(stack.norm(wide(x, pos, k, v)[:, -1])).float()
                     worst = max(worst, ((got - want).abs().max() / want.std()).item())
                     same += (got.argmax(-1) == want.argmax(-1)).sum().item()
                     total += batch
                     x = torch.randn(batch, 1, 1024, dtype=torch.bfloat16, device=dev)
                     pos = pos[:, -1:] + 1
-            print(f"| {name} | {batch} | 15 | {worst:.4f} | {same}/{total} |", flush=True)
+            print(f"| {name}{' (wide)' if kind == 'wide' else ''} | {batch} | 15 | {worst:.4f} | {same}/{total} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

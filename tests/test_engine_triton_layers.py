@@ -1,9 +1,11 @@
 """The fused Triton decoder layers compute what the torch stack computes. The code predictor's: the same heads'
 logits and the same cached keys and values, pass after pass (a 2-position first pass, then one position at a
-time, as a frame runs them), in float32 and bfloat16, for 1 to 8 rows. The talker's (a cache longer than one
-block of keys): the same hidden states and caches for rows at positions 0, 63, 64 and 90, each attending to its
-own positions under the decode step's mask. And a talker stage that runs its code predictor and its talker
-through them draws the same codes as the stage without them.
+time, as a frame runs them), in float32 and bfloat16, for 1 to 8 rows, and the wide layers (torch's products
+around the fused attention, over 16 rows a program per group of query heads) for 1 and 20. The talker's (a cache
+longer than one block of keys): the same hidden states and caches for rows at positions 0, 63, 64 and 90, each
+attending to its own positions under the decode step's mask. And a talker stage that runs its code predictor and
+its talker through them, or its code predictor through the wide layers, draws the same codes as the stage
+without them.
 
 CI has no GPU, so the kernels run in Triton's interpreter (TRITON_INTERPRET=1, CPU tensors), in a child process
 since Triton reads the variable when the kernels are decorated.
@@ -40,11 +42,13 @@ SCRIPT = textwrap.dedent("""
         for p in stack.parameters():
             p.normal_(0, 0.3)
     head = torch.randn(40, 48) * 0.3
-    checked = 0
+    triton_layers._TILES["attention"]["wide"] = (2, 2)  # the wide layers' attention: both heads of a group at once
+    checked = {"fused": 0, "wide": 0}
     for dtype, tol in ((torch.float32, 2e-5), (torch.bfloat16, 4e-2)):  # bfloat16: an ulp or two of the sums
         model, weight = stack.to(dtype), head.to(dtype)
-        fused = triton_layers.FusedStack(model)
-        for batch in (1, 8):
+        runs = [("fused", triton_layers.FusedStack(model), batch) for batch in (1, 8)]
+        runs += [("wide", triton_layers.WideStack(model), batch) for batch in (1, 20)]  # over MAX_ROWS
+        for kind, fused, batch in runs:
             want_cache = KVCache.for_stack(cfg, batch, 16, dtype, "cpu")
             k, v = torch.full_like(want_cache.k, 9.0), torch.full_like(want_cache.v, 9.0)
             x = torch.randn(batch, 2, 48).to(dtype)
@@ -53,7 +57,10 @@ SCRIPT = textwrap.dedent("""
                 with torch.inference_mode():
                     want = model(x, pos, want_cache, pos, kv_len=int(pos[0, -1]) + 1, mask=None)
                     got = fused(x, pos, k, v)
-                    logits = fused.head(got[:, -1], weight)  # strided rows
+                    if kind == "fused":
+                        logits = fused.head(got[:, -1], weight)  # strided rows
+                    else:  # the stage's path: the stack's final norm, then the head
+                        logits = F.linear(model.norm(got[:, -1]), weight)
                 assert logits.dtype == dtype and logits.shape == (batch, 40)
                 torch.testing.assert_close(logits.float(), F.linear(want[:, -1], weight).float(), atol=tol, rtol=tol)
                 n = int(pos[0, -1]) + 1
@@ -62,8 +69,8 @@ SCRIPT = textwrap.dedent("""
                                                rtol=tol)
                     assert (got_c[..., n:, :] == 9).all()  # later positions untouched
                 x, pos = torch.randn(batch, 1, 48).to(dtype), torch.full((batch, 1), n)
-                checked += 1
-    print("passes", checked)
+                checked[kind] += 1
+    print("passes", checked["fused"], checked["wide"])
 
     # the talker's steps: one new position per row over a 100-position cache, read in blocks of MAX_KEYS
     long_stack = DecoderStack(cfg, max_positions=128)
@@ -99,7 +106,7 @@ SCRIPT = textwrap.dedent("""
                           chunk_frames=4, first_chunk_frames=2, left_context_frames=4)
     runner, _codec, _info = load_stages(config)
     assert runner.fused_cp is None and runner.fused_cp_rows == 0  # CPU: the torch modules
-    assert runner.fused_talker is None and runner.fused_talker_rows == 0
+    assert runner.fused_talker is None and runner.fused_talker_rows == 0 and runner.wide_cp is None
 
     def decode(count, frames):
         reqs = [GenerationRequest(task="CustomVoice", text=t, speaker=s, max_new_tokens=20,
@@ -115,14 +122,19 @@ SCRIPT = textwrap.dedent("""
     expected = {1: decode(1, frames=2), 3: decode(3, frames=1)}  # two frames: the cache is reused across them
     runner.fused_cp = fused_stack(runner.talker.code_predictor.model, runner.device, force=True)
     runner.fused_talker = fused_stack(runner.talker.model, runner.device, force=True)
-    for tiles in triton_layers._TILES.values():  # wider tiles: the interpreter runs a grid's programs one by one,
-        tiles["gemv"] = (64,) + tiles["gemv"][1:]  # and the heads' 2048 outputs were 1024 programs per call
+    for role in ("qkv", "gate_up", "o", "down", "head"):  # wider tiles: the interpreter runs a grid's programs
+        tiles = triton_layers._TILES[role]  # one by one, and the heads' 2048 outputs were 1024 programs per call
+        tiles["gemv"] = (64,) + tiles["gemv"][1:]
     runner.fused_cp_rows = 2  # 1 row fused, 3 rows through the modules
     np.testing.assert_array_equal(decode(1, frames=2), expected[1])
     np.testing.assert_array_equal(decode(3, frames=1), expected[3])
     runner.fused_cp_rows = 8
     np.testing.assert_array_equal(decode(3, frames=1), expected[3])
     runner.fused_talker_rows = 8  # the talker's layers fused as well
+    np.testing.assert_array_equal(decode(1, frames=2), expected[1])
+    np.testing.assert_array_equal(decode(3, frames=1), expected[3])
+    runner.fused_cp_rows, runner.fused_talker_rows = 0, 0  # every step's code predictor through the wide layers
+    runner.wide_cp = fused_stack(runner.talker.code_predictor.model, runner.device, force=True, wide=True)
     np.testing.assert_array_equal(decode(1, frames=2), expected[1])
     np.testing.assert_array_equal(decode(3, frames=1), expected[3])
     print("codes equal")
@@ -132,7 +144,7 @@ SCRIPT = textwrap.dedent("""
 @pytest.mark.slow
 def test_fused_layers_compute_the_torch_stack():
     out = run_interpreted(SCRIPT)
-    assert "passes 12" in out and "talker steps 4" in out and "codes equal" in out
+    assert "passes 12 12" in out and "talker steps 4" in out and "codes equal" in out
 
 
 def test_programmatic_dependent_launch_only_for_few_rows_on_hopper(monkeypatch):

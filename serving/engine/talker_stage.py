@@ -75,11 +75,14 @@ def candidate_sampler(device: torch.device):
     return module.sample_top_candidates if module is not None else _torch_candidates
 
 
-def fused_stack(stack, device: torch.device, force: bool = False):
-    """A decoder stack's decode passes of a few rows as Triton kernels (triton_layers.FusedStack), on CUDA or
-    where forced; None without Triton or for a stack it does not support."""
+def fused_stack(stack, device: torch.device, force: bool = False, wide: bool = False):
+    """A decoder stack's decode passes of a few rows as Triton kernels (triton_layers.FusedStack; wide: of many
+    rows, triton_layers.WideStack), on CUDA or where forced; None without Triton or for a stack it does not
+    support."""
     module = _triton_module("triton_layers", device, force)
-    return module.FusedStack(stack) if module is not None and module.FusedStack.supports(stack) else None
+    if module is None or not module.FusedStack.supports(stack):
+        return None
+    return module.WideStack(stack) if wide else module.FusedStack(stack)
 
 
 def row_length_attention(stack, device: torch.device, force: bool = False) -> bool:
@@ -147,9 +150,10 @@ class TalkerRunner:
         self.candidate_ok = [True] * s  # host mirror: slot's sampling fits topk_sampling (empty slots do)
         self._sample_candidates = candidate_sampler(device)
         # steps of up to fused_cp_rows / fused_talker_rows rows run the code predictor's / the talker's decoder
-        # layers as fused Triton kernels (on CUDA)
+        # layers as fused Triton kernels (on CUDA); larger steps' code predictor passes take the wide layers
         self.fused_cp = fused_stack(self.talker.code_predictor.model, device)
         self.fused_cp_rows = FUSED_CP_ROWS if self.fused_cp is not None else 0
+        self.wide_cp = fused_stack(self.talker.code_predictor.model, device, wide=True)
         self.fused_talker = fused_stack(self.talker.model, device)
         self.fused_talker_rows = FUSED_TALKER_ROWS if self.fused_talker is not None else 0
         # decode steps of many rows read each row's own keys, not the whole KV bucket's (on CUDA)
@@ -191,6 +195,8 @@ class TalkerRunner:
             module.compile(dynamic=True)
         self._code0_logits = torch.compile(self._code0_logits, dynamic=True)
         self._next_input = torch.compile(self._next_input, dynamic=True)
+        if self.wide_cp is not None:
+            self.wide_cp.compile()
 
     def _on_stream(self):
         """Work on the talker's stream. Everything the talker reads is made on it (prompts included) or
@@ -205,7 +211,7 @@ class TalkerRunner:
                 "graph_memory_bytes": self.graphs.memory_bytes if self.graphs else 0,
                 "prefill_graph_lengths": list(self.prefill_graphs.lengths) if self.prefill_graphs else [],
                 "compiled_layers": self.compile_layers, "fused_code_predictor_rows": self.fused_cp_rows,
-                "fused_talker_rows": self.fused_talker_rows,
+                "fused_talker_rows": self.fused_talker_rows, "wide_code_predictor": self.wide_cp is not None,
                 "row_length_attention": self.row_length_attention,
                 "ignore_eos": self.ignore_eos,
                 "length_policy": self.length_policy if self.ignore_eos else None}
@@ -465,7 +471,8 @@ class TalkerRunner:
 
     def _code_predictor(self, hidden: torch.Tensor, code0: torch.Tensor, b: int, candidates: bool) -> torch.Tensor:
         """Codes 1..G-1 [b, G-1]: CodePredictor.forward's passes, drawing each code with the step's sampler; for a
-        step of at most fused_cp_rows rows, through the fused layers (its heads take the final norm)."""
+        step of at most fused_cp_rows rows, through the fused layers (its heads take the final norm), for a
+        larger one through the wide layers where there are some, else through the modules."""
         cp = self.talker.code_predictor
         project = cp.small_to_mtp_projection if cp.small_to_mtp_projection is not None else (lambda t: t)
         cache = CacheView(self.cp_kv.k[:, :b], self.cp_kv.v[:, :b])
@@ -475,6 +482,12 @@ class TalkerRunner:
 
             def logits(h, head):
                 return self.fused_cp.head(h, head.weight)
+        elif self.wide_cp is not None:
+            def run(x, pos, kv_len):
+                return self.wide_cp(x, pos, cache.k, cache.v)[:, -1]
+
+            def logits(h, head):
+                return head(cp.model.norm(h))
         else:
             def run(x, pos, kv_len):
                 return cp.model(x, pos, cache, pos, kv_len=kv_len, mask=None)[:, -1]

@@ -24,6 +24,9 @@ product's sums rather than the norm's output, which is therefore not rounded on 
 logits stay within ~3% (code predictor) and ~6% (talker) of their spread of the modules', docs/performance.md).
 The modules in serving.model.layers stay the definition of the maths and the path of every other call; tests run
 these kernels in Triton's interpreter against them.
+
+Steps of more rows (WideStack) keep torch's products (cuBLAS outruns tl.dot there) but still take kernel 2 as one
+launch: the modules spend ~5 kernels on q/k norms, rotary and the two cache writes, plus SDPA, 75 times a frame.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from serving.model.layers import DecoderStack
+import torch.nn.functional as F
+
+from serving.model.layers import DecoderStack, rms_norm
 
 MAX_ROWS = 16  # rows (batch x positions) of one call: the matrix products' tile height
 MAX_KEYS = 64  # cached positions one attention program holds at once (the code predictor's cache: 16)
@@ -156,17 +161,18 @@ def _head_norm_rope(lo, hi, norm_ptr, cos_ptr, sin_ptr, pos, eps, dt, HALF: tl.c
 def _attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_ptr, spb, spl,
                       k_ptr, v_ptr, scb, sch, scs, out_ptr, scale, L: tl.constexpr,
                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr, KEYS: tl.constexpr,
-                      PDL: tl.constexpr):
-    """Program (row b, query head h): normalises and rotates the keys of the row's L new positions (h's key/value
-    head; the group's first query head caches them and the values), then each new position of h attends to
-    the positions up to its own. All loads are issued up front: the cached positions come from the cache and
-    the new ones from registers, so no load waits for a store."""
+                      HEADS_PER: tl.constexpr, PDL: tl.constexpr):
+    """Program (row b, query heads h0 .. h0 + HEADS_PER - 1 of one key/value head): normalises and rotates the
+    keys of the row's L new positions (the group's first program caches them and the values), then each new
+    position of each of its heads attends to the positions up to its own. All loads are issued up front: the
+    cached positions come from the cache and the new ones from registers, so no load waits for a store.
+    HEADS_PER divides the group: 1 gives the most programs (few rows), the group reads its keys once (many)."""
     _pdl_wait(PDL)
     b = tl.program_id(0)
-    h = tl.program_id(1)
+    h0 = tl.program_id(1) * HEADS_PER
     D: tl.constexpr = 2 * HALF
     GROUP: tl.constexpr = HEADS // KV_HEADS
-    g = h // GROUP
+    g = h0 // GROUP
     width = (HEADS + 2 * KV_HEADS) * D
     dt = k_ptr.dtype.element_ty
     d = tl.arange(0, HALF)
@@ -192,7 +198,7 @@ def _attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_ptr, s
         k_hi = tl.where(here, new_hi[None, :], k_hi)
         v_lo = tl.where(here, val_lo[None, :], v_lo)
         v_hi = tl.where(here, val_hi[None, :], v_hi)
-        if h % GROUP == 0:
+        if h0 % GROUP == 0:
             tl.store(k_ptr + cache + pos * scs + d, new_lo.to(dt))
             tl.store(k_ptr + cache + pos * scs + HALF + d, new_hi.to(dt))
             tl.store(v_ptr + cache + pos * scs + d, val_lo.to(dt))
@@ -200,17 +206,19 @@ def _attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_ptr, s
     for t in tl.static_range(L):
         src = qkv_ptr + (b * L + t) * width
         pos = tl.load(pos_ptr + b * spb + t * spl)
-        q_lo = tl.load(src + h * D + d).to(tl.float32)
-        q_hi = tl.load(src + h * D + HALF + d).to(tl.float32)
-        q_lo, q_hi = _head_norm_rope(q_lo, q_hi, qn_ptr, cos_ptr, sin_ptr, pos, eps, dt, HALF)
         seen = s <= pos
-        score = (tl.sum(k_lo * q_lo[None, :], axis=1) + tl.sum(k_hi * q_hi[None, :], axis=1)) * scale
-        score = tl.where(seen, score, float("-inf"))
-        p = tl.exp(score - tl.max(score, axis=0))
-        p = p / tl.sum(p, axis=0)
-        dst = out_ptr + (b * L + t) * HEADS * D + h * D
-        tl.store(dst + d, tl.sum(p[:, None] * v_lo, axis=0).to(dt))
-        tl.store(dst + HALF + d, tl.sum(p[:, None] * v_hi, axis=0).to(dt))
+        for j in tl.static_range(HEADS_PER):
+            h = h0 + j
+            q_lo = tl.load(src + h * D + d).to(tl.float32)
+            q_hi = tl.load(src + h * D + HALF + d).to(tl.float32)
+            q_lo, q_hi = _head_norm_rope(q_lo, q_hi, qn_ptr, cos_ptr, sin_ptr, pos, eps, dt, HALF)
+            score = (tl.sum(k_lo * q_lo[None, :], axis=1) + tl.sum(k_hi * q_hi[None, :], axis=1)) * scale
+            score = tl.where(seen, score, float("-inf"))
+            p = tl.exp(score - tl.max(score, axis=0))
+            p = p / tl.sum(p, axis=0)
+            dst = out_ptr + (b * L + t) * HEADS * D + h * D
+            tl.store(dst + d, tl.sum(p[:, None] * v_lo, axis=0).to(dt))
+            tl.store(dst + HALF + d, tl.sum(p[:, None] * v_hi, axis=0).to(dt))
 
 
 @triton.jit
@@ -306,7 +314,10 @@ _TILES = {"qkv": {"gemv": (2, 1024, 2, 3), "dot": (32, 128, 4, 3)},
           "gate_up": {"gemv": (2, 1024, 2, 3), "dot": (32, 128, 4, 3)},
           "o": {"gemv": (2, 2048, 4, 3), "dot": (16, 256, 4, 4)},
           "down": {"gemv": (1, 1024, 2, 3), "dot": (16, 256, 4, 4)},
-          "head": {"gemv": (4, 1024, 2, 3), "dot": (16, 256, 4, 3)}}
+          "head": {"gemv": (4, 1024, 2, 3), "dot": (16, 256, 4, 3)},
+          # the attention kernel over a short cache: (query heads per program, warps), for calls of up to
+          # MAX_ROWS rows (the fused layers) and for more (the wide layers)
+          "attention": {"few": (1, 4), "wide": (1, 4)}}
 
 
 @functools.cache
@@ -370,10 +381,13 @@ def attention(qkv: torch.Tensor, attn, cos: torch.Tensor, sin: torch.Tensor, pos
     shared = (qkv, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin, positions)
     pdl = _pdl(qkv.device, qkv.shape[0])
     if k_cache.shape[2] <= MAX_KEYS:
-        _attention_kernel[(batch, attn.num_heads)](
+        heads_per, warps = _TILES["attention"]["few" if qkv.shape[0] <= MAX_ROWS else "wide"]
+        if (attn.num_heads // attn.num_kv_heads) % heads_per:
+            heads_per = 1
+        _attention_kernel[(batch, attn.num_heads // heads_per)](
             *shared, *positions.stride(), k_cache, v_cache, *k_cache.stride()[:3], out, attn.scale, L=seq,
             HEADS=attn.num_heads, KV_HEADS=attn.num_kv_heads, HALF=attn.head_dim // 2,
-            KEYS=triton.next_power_of_2(k_cache.shape[2]), **pdl)
+            KEYS=triton.next_power_of_2(k_cache.shape[2]), HEADS_PER=heads_per, num_warps=warps, **pdl)
     elif seq == 1:
         splits = triton.cdiv(k_cache.shape[2], MAX_KEYS)
         part = torch.empty((batch, attn.num_heads, splits, 2 + attn.head_dim), dtype=torch.float32,
@@ -428,3 +442,51 @@ class FusedStack:
         """The stack's final norm of x [B, H] (rows may be strided) and a bias-free head: [B, V]."""
         norm = self.stack.norm
         return norm_matmul(x, norm.weight, norm.eps, weight, "head")
+
+
+def _project(h: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
+    """A layer's input norm and fused q/k/v projection."""
+    return F.linear(rms_norm(h, norm_weight, eps), weight)
+
+
+def _layer_tail(a, h, o_weight, post_norm, eps, gate_up, down, next_norm=None, next_qkv=None):
+    """A layer after its attention: output projection + residual, post-attention norm, SwiGLU MLP + residual;
+    then the next layer's norm and q/k/v projection (next_qkv given), so the residual sum and that norm fuse."""
+    h = h + F.linear(a, o_weight)
+    gate, up = F.linear(rms_norm(h, post_norm, eps), gate_up).chunk(2, dim=-1)
+    h = h + F.linear(F.silu(gate) * up, down)
+    return h, (None if next_qkv is None else _project(h, next_norm, eps, next_qkv))
+
+
+class WideStack:
+    """A DecoderStack's decode passes of many rows over a short cache (the code predictor's): torch's products
+    and kernel 2 above for each layer's attention. compile() fuses the norms, SiLU and residual sums between the
+    products (torch.compile, one graph for every layer); uncompiled it runs the same maths eagerly."""
+
+    def __init__(self, stack: DecoderStack):
+        self.stack = stack
+        self._project, self._tail = _project, _layer_tail
+
+    def compile(self) -> None:
+        self._project = torch.compile(_project, dynamic=True)
+        self._tail = torch.compile(_layer_tail, dynamic=True)
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor) -> torch.Tensor:
+        """As FusedStack.__call__, for any number of rows, over caches of up to MAX_KEYS positions."""
+        if k_cache.shape[3] > MAX_KEYS:
+            raise ValueError(f"a cache of {k_cache.shape[3]} positions (> {MAX_KEYS}): the wide layers take the "
+                             "code predictor's")
+        batch, seq, hidden = x.shape
+        layers, rotary = self.stack.layers, self.stack.rotary
+        eps = layers[0].input_layernorm.eps
+        h = x.reshape(batch * seq, hidden)
+        qkv = self._project(h, layers[0].input_layernorm.weight, eps, layers[0].self_attn.fused_weight)
+        for i, layer in enumerate(layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            a = attention(qkv, attn, rotary.cos, rotary.sin, positions, k_cache[i], v_cache[i])
+            following = (layers[i + 1].input_layernorm.weight, layers[i + 1].self_attn.fused_weight) \
+                if i + 1 < len(layers) else ()
+            h, qkv = self._tail(a, h, attn.o_proj.weight, layer.post_attention_layernorm.weight, eps,
+                                mlp.fused_weight, mlp.down_proj.weight, *following)
+        return h.view(batch, seq, hidden)
