@@ -316,8 +316,9 @@ _TILES = {"qkv": {"gemv": (2, 1024, 2, 3), "dot": (32, 128, 4, 3)},
           "down": {"gemv": (1, 1024, 2, 3), "dot": (16, 256, 4, 4)},
           "head": {"gemv": (4, 1024, 2, 3), "dot": (16, 256, 4, 3)},
           # the attention kernel over a short cache: (query heads per program, warps), for calls of up to
-          # MAX_ROWS rows (the fused layers) and for more (the wide layers)
-          "attention": {"few": (1, 4), "wide": (1, 4)}}
+          # MAX_ROWS rows (the fused layers) and for more (the wide layers); fused_layers_bench --attention-only,
+          # session 16: one warp per program throughout, a group's two heads per program over 16 rows
+          "attention": {"few": (1, 1), "wide": (2, 1)}}
 
 
 @functools.cache
