@@ -76,12 +76,10 @@ def fill(runner, batch: int, context: int, spread: float = 0.0) -> None:
 def time_steps(runner, batch: int, steps: int) -> float:
     """ms per frame as the engine paces them: each step is launched before the previous one's codes are
     collected (a host poll between steps would add its sleep granularity, up to ~0.2 ms, to every frame)."""
-    from serving.engine.cuda_graphs import smallest_cover
-
     for _ in range(3):
         runner.decode_step(batch)
     longest = max(runner.lengths[:batch]) + steps + 1
-    if runner.graphs is not None and not runner.graphs.covers(batch, smallest_cover(longest, runner.kv_buckets)):
+    if runner.graphs is not None and not runner.graphs.covers(batch, runner.graph_kv(batch, longest)):
         print(f"warning: batch {batch} outgrows the captured KV buckets; late steps run eagerly", flush=True)
     t0 = time.perf_counter()
     handle = runner.launch(batch)
@@ -117,13 +115,14 @@ _EDGES: dict = {}  # the compiled pieces around the layers (TalkerRunner._compil
 
 def configure(runner, variant: str) -> None:
     """Set up the runner for a variant: compiled layers, and the experiments' changes to the default path."""
-    from serving.engine.talker_stage import FUSED_CP_ROWS, FUSED_TALKER_ROWS, _torch_candidates, candidate_sampler
+    from serving.engine.talker_stage import (FUSED_CP_ROWS, FUSED_TALKER_ROWS, WIDE_TALKER_ROWS, _torch_candidates,
+                                             candidate_sampler)
 
     if variant.startswith("compile") and not runner.compile_layers:
         runner._compile()
         runner.compile_layers = True
         cp = runner.talker.code_predictor.model
-        _EDGES["methods"] = {name: runner.__dict__[name] for name in ("_code0_logits", "_next_input")}
+        _EDGES["methods"] = {name: runner.__dict__[name] for name in ("_code0_logits", "_next_input", "_step_mask")}
         _EDGES["modules"] = {m: m._compiled_call_impl for m in (cp.norm, cp.rotary)}
     if _EDGES:  # compile-layers: only the decoder layers compiled (before the rest of the frame was)
         layers_only = variant == "compile-layers"
@@ -144,12 +143,12 @@ def configure(runner, variant: str) -> None:
     # compile-talker-modules: the talker's layers through the compiled modules at every batch (before its fused layers)
     fused_talker = runner.fused_talker is not None and variant != "compile-talker-modules"
     runner.fused_talker_rows = FUSED_TALKER_ROWS if fused_talker else 0
-    # compile-bucket-attention: decode steps attend over the whole KV bucket through SDPA (before row-length attention)
-    from serving.engine import triton_attention
-
-    bucket = variant == "compile-bucket-attention" or not runner.row_length_attention
-    for layer in runner.talker.model.layers:
-        layer.self_attn.decode_attention = None if bucket else triton_attention.decode_attention
+    # compile-bucket-attention: the talker's steps of many rows through its compiled modules, attending over the whole
+    # KV bucket through SDPA (before its wide layers); compile-wide-talker-3: its wide layers from 3 rows, not 32
+    _EDGES.setdefault("wide_talker", runner.wide_talker)
+    runner.wide_talker = None if variant == "compile-bucket-attention" else _EDGES["wide_talker"]
+    runner.wide_talker_rows = (None if runner.wide_talker is None else 3 if variant == "compile-wide-talker-3"
+                               else WIDE_TALKER_ROWS)
     # compile-pdl-off: the fused layers launched plainly (before programmatic dependent launch)
     from serving.engine import triton_layers
 
@@ -170,8 +169,7 @@ def main() -> None:
     ap.add_argument("--variants", default="eager,graph,compile",
                     help="eager, graph, compile (compiled layers + graph); experiments on top of compile: "
                          "compile-layers, compile-torch-sampler, compile-cdt, compile-modules, compile-wide-modules, "
-                         "compile-talker-modules, "
-                         "compile-bucket-attention "
+                         "compile-talker-modules, compile-bucket-attention, compile-wide-talker-3 "
                          "(see configure)")
     ap.add_argument("--context", type=int, default=120, help="prompt positions per row before timing")
     ap.add_argument("--context-spread", type=float, default=0.0,
@@ -206,7 +204,7 @@ def main() -> None:
     runner.warmup()
     # the KV buckets the timed steps meet: from the shortest prompt to the longest plus the steps
     low, high = args.context * (1 - args.context_spread) - 16, args.context * (1 + args.context_spread) + args.steps + 24
-    kv_buckets = sorted({smallest_cover(max(1, int(n)), runner.kv_buckets) for n in range(int(low), int(high))} - {None})
+    lengths = [n for n in range(max(1, int(low)), int(high)) if smallest_cover(n, runner.kv_buckets) is not None]
     rows, results = [], {}
     for variant in args.variants.split(","):
         t0 = time.perf_counter()
@@ -217,7 +215,7 @@ def main() -> None:
             fill(runner, 0, args.context)
             with torch.inference_mode():
                 for b in batches:
-                    for kv in kv_buckets:
+                    for kv in sorted({runner.graph_kv(b, n) for n in lengths}):
                         runner.graphs.capture(b, kv)
         setup = time.perf_counter() - t0
         for b in batches:

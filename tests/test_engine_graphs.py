@@ -45,7 +45,7 @@ def use_graphs(runner, graph_buckets):
     graphs = EagerGraphs(lambda b, kv: runner._step(b, kv, True), runner.device)
     graphs.replayed = []
     for b in graph_buckets:
-        for kv in runner.kv_buckets:
+        for kv in runner.graph_kv_buckets(b):
             graphs.capture(b, kv)
     runner.graphs, runner.graph_buckets = graphs, tuple(graph_buckets)
     return graphs
@@ -101,6 +101,17 @@ def test_graph_path_pads_to_a_larger_batch_and_kv_bucket_with_identical_codes(ru
     assert graphs.replayed and all(b == 4 for b, _ in graphs.replayed)  # 3 rows -> the 4-row graph
     assert all(kv == 128 for _, kv in graphs.replayed)  # short prompts: the smallest KV bucket, masked
     assert np.array_equal(padded, eager)
+
+
+def test_steps_that_read_their_own_keys_take_one_graph_for_every_kv_length(runner, monkeypatch):
+    """The fused and wide talker layers attend over each row's own positions, whatever the KV bucket: their batch
+    buckets get one graph (KV length 0); the others one per KV bucket, chosen by the longest row."""
+    assert runner.kv_buckets == (128, 192, 256) and runner.wide_talker_rows is None  # CPU: the modules at any batch
+    assert runner.graph_kv(8, 130) == 192 and runner.graph_kv(8, 257) is None
+    monkeypatch.setattr(runner, "fused_talker_rows", 1)
+    monkeypatch.setattr(runner, "wide_talker_rows", 8)
+    assert [runner.graph_kv_buckets(b) for b in (1, 2, 4, 8)] == [(0,), (128, 192, 256), (128, 192, 256), (0,)]
+    assert runner.graph_kv(1, 200) == 0 and runner.graph_kv(4, 200) == 256 and runner.graph_kv(8, 257) == 0
 
 
 def test_steps_no_graph_covers_run_eagerly(runner):

@@ -5,7 +5,9 @@ kernels whose launch gaps, not the GPU, set the pace at small batch. Replaying o
 removes the gaps. The captured step reads and writes only the stage's preallocated tensors (KV cache, slot
 state, sampling parameters), so the graph needs no input copies; its shapes are fixed by the batch bucket and
 by a KV length bucket: attention runs over the first `kv` cache positions with a mask, so a graph serves every
-step whose longest row fits, while short contexts do not pay for reading the whole slot.
+step whose longest row fits, while short contexts do not pay for reading the whole slot. Steps whose attention
+reads each row's own positions (the talker's fused and wide layers) are the same for every KV length: their
+batch bucket gets one graph, keyed by KV length 0 (TalkerRunner.graph_kv_buckets).
 Capture runs the step (a warm-up pass per graph), so it happens at start-up, on empty slots, never while
 requests run; steps no graph covers (bigger batches, sampling options the graph's sampler does not take)
 run eagerly.

@@ -34,6 +34,8 @@ PREFILL_TOKEN_BUDGET = 8192  # prompt positions per batched prefill pass (bounds
 PREFILL_GRAPH_MAX_LEN = 1024  # longest prompt bucket with a prefill graph (its scratch cache is that long)
 FUSED_CP_ROWS = 8  # steps of up to this many rows run the code predictor's fused layers (2 positions each at most)
 FUSED_TALKER_ROWS = 2  # steps of up to this many rows run the talker's layers fused too (4 rows: 1.7B 13% slower)
+WIDE_TALKER_ROWS = 32  # steps of this many rows or more run the talker's wide layers (the row-length attention
+# alone was 4% slower than SDPA over the KV bucket at 16 rows on an H100)
 PREFILL_GRAPH_MAX_GROUP = 16  # admissions up to this many replay prefill graphs one by one; more take a batched pass
 
 
@@ -80,21 +82,8 @@ def fused_stack(stack, device: torch.device, force: bool = False, wide: bool = F
     rows, triton_layers.WideStack), on CUDA or where forced; None without Triton or for a stack it does not
     support."""
     module = _triton_module("triton_layers", device, force)
-    if module is None or not module.FusedStack.supports(stack):
-        return None
-    return module.WideStack(stack) if wide else module.FusedStack(stack)
-
-
-def row_length_attention(stack, device: torch.device, force: bool = False) -> bool:
-    """On CUDA (or where forced), the stack's decode steps of many rows attend over each row's own positions
-    (triton_attention) instead of the KV bucket's; returns whether it is set."""
-    module = _triton_module("triton_attention", device, force)
-    cfg = stack.cfg
-    if module is None or not module.supports(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim):
-        return False
-    for layer in stack.layers:
-        layer.self_attn.decode_attention = module.decode_attention
-    return True
+    kind = None if module is None else module.WideStack if wide else module.FusedStack
+    return kind(stack) if kind is not None and kind.supports(stack) else None
 
 
 def _torch_candidates(logits, params, seed, frame, group):
@@ -156,8 +145,10 @@ class TalkerRunner:
         self.wide_cp = fused_stack(self.talker.code_predictor.model, device, wide=True)
         self.fused_talker = fused_stack(self.talker.model, device)
         self.fused_talker_rows = FUSED_TALKER_ROWS if self.fused_talker is not None else 0
-        # decode steps of many rows read each row's own keys, not the whole KV bucket's (on CUDA)
-        self.row_length_attention = row_length_attention(self.talker.model, device)
+        # steps of wide_talker_rows rows or more run the talker's layers wide: each row's attention reads its own
+        # keys, not the whole KV bucket's
+        self.wide_talker = fused_stack(self.talker.model, device, wide=True)
+        self.wide_talker_rows = WIDE_TALKER_ROWS if self.wide_talker is not None else None
         self.kv_buckets = make_kv_buckets(max_model_len)
         if cuda_graphs and device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
@@ -181,7 +172,7 @@ class TalkerRunner:
     def _compile(self) -> None:
         """torch.compile every decoder layer in place (names unchanged), and the pieces of a frame around them:
         the code predictor's rotary lookup and final norm (15 stack calls per frame), the code-0 logits with
-        their penalties, and the next talker input with its mask. Fused elementwise kernels before graph capture
+        their penalties, the next talker input, and the step's mask. Fused elementwise kernels before graph capture
         keep kernels, not gaps: eager, those pieces were ~12 kernels per stack call and ~40 per frame more. The
         talker stack's own rotary and norm stay eager: they run once per frame, and prefill runs them too, which
         keeps the prefill path as it was measured (docs/performance.md: its run-to-run spread is large).
@@ -195,8 +186,10 @@ class TalkerRunner:
             module.compile(dynamic=True)
         self._code0_logits = torch.compile(self._code0_logits, dynamic=True)
         self._next_input = torch.compile(self._next_input, dynamic=True)
-        if self.wide_cp is not None:
-            self.wide_cp.compile()
+        self._step_mask = torch.compile(self._step_mask, dynamic=True)
+        for wide in (self.wide_cp, self.wide_talker):
+            if wide is not None:
+                wide.compile()
 
     def _on_stream(self):
         """Work on the talker's stream. Everything the talker reads is made on it (prompts included) or
@@ -212,7 +205,7 @@ class TalkerRunner:
                 "prefill_graph_lengths": list(self.prefill_graphs.lengths) if self.prefill_graphs else [],
                 "compiled_layers": self.compile_layers, "fused_code_predictor_rows": self.fused_cp_rows,
                 "fused_talker_rows": self.fused_talker_rows, "wide_code_predictor": self.wide_cp is not None,
-                "row_length_attention": self.row_length_attention,
+                "wide_talker_rows": self.wide_talker_rows,
                 "ignore_eos": self.ignore_eos,
                 "length_policy": self.length_policy if self.ignore_eos else None}
 
@@ -414,11 +407,25 @@ class TalkerRunner:
         candidates = all(self.candidate_ok[:bucket])
         if candidates and self.graphs is not None:
             batch = smallest_cover(bucket, self.graph_buckets)
-            kv_bucket = smallest_cover(kv_len, self.kv_buckets)
+            kv_bucket = None if batch is None else self.graph_kv(batch, kv_len)
             if batch is not None and self.graphs.covers(batch, kv_bucket):
                 codes, ended = self.graphs.replay(batch, kv_bucket)
                 return codes[:bucket], ended[:bucket]
         return self._step(bucket, kv_len, candidates)
+
+    def reads_own_keys(self, b: int) -> bool:
+        """Whether a step of b rows attends over each row's own positions (the fused or the wide talker layers)
+        rather than a KV bucket's under a mask: its frame is the same for every KV length, so one graph, keyed
+        by KV length 0, serves them all."""
+        return b <= self.fused_talker_rows or (self.wide_talker_rows is not None and b >= self.wide_talker_rows)
+
+    def graph_kv_buckets(self, b: int) -> tuple[int, ...]:
+        """The KV lengths of the graphs a batch bucket gets."""
+        return (0,) if self.reads_own_keys(b) else self.kv_buckets
+
+    def graph_kv(self, b: int, kv_len: int) -> int | None:
+        """The KV length of the graph of batch bucket b that serves steps whose longest row reaches kv_len keys."""
+        return 0 if self.reads_own_keys(b) else smallest_cover(kv_len, self.kv_buckets)
 
     def _draw(self, logits: torch.Tensor, params: SamplingParams, b: int, group: int, candidates: bool) -> torch.Tensor:
         """logits [b, V] in the model's dtype or float32 (the samplers compute in float32)."""
@@ -437,13 +444,15 @@ class TalkerRunner:
         codes = torch.cat([code0[:, None], rest], dim=1)
         self.seen[:b].scatter_(1, code0[:, None], True)
         self.generated[:b] += 1
-        x, mask = self._next_input(codes, b, kv_len)
+        x = self._next_input(codes, b)
         pos = self.pos[:b, None]
         view = CacheView(self.kv.k[:, :b], self.kv.v[:, :b])
-        if b <= self.fused_talker_rows:  # each row attends to its positions <= pos: what the mask says
+        if not self.reads_own_keys(b):
+            out = self.talker.model(x, pos, view, pos, kv_len=kv_len, mask=self._step_mask(b, kv_len))
+        elif b <= self.fused_talker_rows:  # each row attends to its positions <= pos: what the mask would say
             out = self.talker.model.norm(self.fused_talker(x, pos, view.k, view.v))
         else:
-            out = self.talker.model(x, pos, view, pos, kv_len=kv_len, mask=mask)
+            out = self.talker.model.norm(self.wide_talker(x, pos, view.k, view.v))
         self.hidden[:b] = out[:, 0]
         self.pos[:b] += self.active[:b]
         return codes, code0 == self.eos_id
@@ -456,18 +465,20 @@ class TalkerRunner:
         logits = penalize_repeats(logits, self.seen[:b], self.rep_penalty[:b])
         return mask_code0(logits, frame, self.eos_id, self.suppress)
 
-    def _next_input(self, codes: torch.Tensor, b: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The talker's next input [b, 1, H] (the frame's summed embeddings plus each row's next trailing text
-        token, else tts_pad; `generated` already counts this frame) and its attention mask over kv_len keys."""
+    def _next_input(self, codes: torch.Tensor, b: int) -> torch.Tensor:
+        """The talker's next input [b, 1, H]: the frame's summed embeddings plus each row's next trailing text
+        token, else tts_pad (`generated` already counts this frame)."""
         frames = self.generated[:b]
         text_idx = frames.clamp(max=self.trailing.shape[1] - 1)
         rows = torch.arange(b, device=self.device)
         text = torch.where((frames < self.trailing_len[:b])[:, None], self.trailing[rows, text_idx],
                            self.pad_embed[None, :])
-        x = (self.talker.embed_frame(codes) + text)[:, None]
+        return (self.talker.embed_frame(codes) + text)[:, None]
+
+    def _step_mask(self, b: int, kv_len: int) -> torch.Tensor:
+        """The step's attention mask over kv_len keys: each row sees its positions up to its new one."""
         pos = self.pos[:b, None]
-        key_valid = torch.arange(kv_len, device=self.device)[None, :] <= pos
-        return x, attention_mask(pos, key_valid)
+        return attention_mask(pos, torch.arange(kv_len, device=self.device)[None, :] <= pos)
 
     def _code_predictor(self, hidden: torch.Tensor, code0: torch.Tensor, b: int, candidates: bool) -> torch.Tensor:
         """Codes 1..G-1 [b, G-1]: CodePredictor.forward's passes, drawing each code with the step's sampler; for a
@@ -516,7 +527,8 @@ class TalkerRunner:
 
     def warmup(self) -> None:
         """Run every bucket's step once on empty slots (allocations, kernel selection, compilation), and capture
-        the graphs of every (graph bucket, KV bucket); then clear the slots' state the passes touched."""
+        the graphs of every graph bucket (one per KV bucket where its steps read a KV bucket: graph_kv_buckets);
+        then clear the slots' state the passes touched."""
         with torch.inference_mode(), self._on_stream():
             for b in self.buckets:
                 self._step(b, 1, True)
@@ -524,7 +536,7 @@ class TalkerRunner:
                 self._trace_prefill_shapes()
             if self.graphs is not None:
                 for b in self.graph_buckets:
-                    for kv in self.kv_buckets:
+                    for kv in self.graph_kv_buckets(b):
                         self.graphs.capture(b, kv)
             if self.prefill_graphs is not None:
                 self.prefill_graphs.capture_all()

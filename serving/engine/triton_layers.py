@@ -26,7 +26,10 @@ The modules in serving.model.layers stay the definition of the maths and the pat
 these kernels in Triton's interpreter against them.
 
 Steps of more rows (WideStack) keep torch's products (cuBLAS outruns tl.dot there) but still take kernel 2 as one
-launch: the modules spend ~5 kernels on q/k norms, rotary and the two cache writes, plus SDPA, 75 times a frame.
+launch: the modules spend ~5 kernels on q/k norms, rotary and the two cache writes, plus SDPA, 75 times a frame
+in the code predictor and 28 in the talker. The talker's kernel 2 there (row_attention) reads each row's own
+positions only, a program per row and key/value head: a served batch holds prompts of 30 to 700 positions and
+streams at every stage, and SDPA over a KV bucket reads every row up to the longest.
 """
 
 from __future__ import annotations
@@ -307,7 +310,80 @@ def _combine_kernel(part_ptr, pos_ptr, spb, out_ptr, SPLITS: tl.constexpr, SPLIT
     tl.store(out_ptr + (b * HEADS + h) * D + d, out.to(out_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _rows_norm_rope(x, partner, norm_ptr, cos_ptr, sin_ptr, pos, eps, dt, D: tl.constexpr):
+    """_head_norm_rope for whole heads, one per row of x [R, D]: partner holds each element's rotary partner
+    (the other half's element at the same offset), so a head stays one tile of D columns for tl.dot."""
+    HALF: tl.constexpr = D // 2
+    d = tl.arange(0, D)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1, keep_dims=True) / D + eps)
+    x = ((x * rstd).to(dt).to(tl.float32) * tl.load(norm_ptr + d).to(tl.float32)).to(dt).to(tl.float32)
+    partner = ((partner * rstd).to(dt).to(tl.float32)
+               * tl.load(norm_ptr + (d + HALF) % D).to(tl.float32)).to(dt).to(tl.float32)
+    rotated = tl.where(d < HALF, -partner, partner)
+    c = tl.load(cos_ptr + pos * D + d).to(dt).to(tl.float32)
+    s = tl.load(sin_ptr + pos * D + d).to(dt).to(tl.float32)
+    return ((x * c).to(dt).to(tl.float32) + (rotated * s).to(dt).to(tl.float32)).to(dt)
+
+
+@triton.jit
+def _row_attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_ptr, spb,
+                          k_ptr, v_ptr, scb, sch, scs, out_ptr, scale, HEADS: tl.constexpr,
+                          KV_HEADS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, DOT_F32: tl.constexpr):
+    """_split_attention_kernel's work for many rows: program (row b, key/value head g) normalises and rotates
+    the group's queries (padded to a 16-row tile for tl.dot) and the row's new key, caches the key and value,
+    and attends over the row's positions [0, pos] only, BLOCK keys at a time with an online softmax, each key
+    and value read once for the group; the new position's key and value come from registers, so no load waits
+    for a store. Scores and the softmax in float32, probabilities rounded to the cache's dtype for the product
+    with the values (as flash attention does)."""
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    HALF: tl.constexpr = D // 2
+    GROUP: tl.constexpr = HEADS // KV_HEADS
+    dt = k_ptr.dtype.element_ty
+    d = tl.arange(0, D)
+    partner = (d + HALF) % D
+    qi = tl.arange(0, 16)
+    q_ok = (qi < GROUP)[:, None]
+    pos = tl.load(pos_ptr + b * spb)
+    src = qkv_ptr + b * (HEADS + 2 * KV_HEADS) * D
+    q_at = src + (g * GROUP + qi)[:, None] * D
+    q = _rows_norm_rope(tl.load(q_at + d[None, :], mask=q_ok, other=0.0).to(tl.float32),
+                        tl.load(q_at + partner[None, :], mask=q_ok, other=0.0).to(tl.float32),
+                        qn_ptr, cos_ptr, sin_ptr, pos, eps, dt, D)
+    k_at = src + (HEADS + g) * D
+    new_k = _rows_norm_rope(tl.load(k_at + d[None, :]).to(tl.float32), tl.load(k_at + partner[None, :]).to(tl.float32),
+                            kn_ptr, cos_ptr, sin_ptr, pos, eps, dt, D)
+    new_v = tl.load(src + (HEADS + KV_HEADS + g) * D + d[None, :]).to(dt)
+    cache = b * scb + g * sch
+    tl.store(k_ptr + cache + pos * scs + d[None, :], new_k)
+    tl.store(v_ptr + cache + pos * scs + d[None, :], new_v)
+    m = tl.full((16,), float("-inf"), tl.float32)
+    total = tl.zeros((16,), tl.float32)
+    acc = tl.zeros((16, D), tl.float32)
+    start = 0
+    while start <= pos:  # not range(): the interpreter cannot take a loaded bound as a range's
+        s = start + tl.arange(0, BLOCK)
+        cached = (s < pos)[:, None]
+        here = (s == pos)[:, None]
+        at = cache + s[:, None] * scs + d[None, :]
+        k = tl.where(here, new_k, tl.load(k_ptr + at, mask=cached, other=0.0))
+        scores = _accumulate(tl.zeros((16, BLOCK), tl.float32), q, k, True, DOT_F32) * scale
+        scores = tl.where((s <= pos)[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        total = total * alpha + tl.sum(p, axis=1)
+        v = tl.where(here, new_v, tl.load(v_ptr + at, mask=cached, other=0.0))
+        acc = _accumulate(acc * alpha[:, None], p.to(dt), tl.trans(v), True, DOT_F32)
+        m = m_new
+        start += BLOCK
+    tl.store(out_ptr + b * HEADS * D + (g * GROUP + qi)[:, None] * D + d[None, :], (acc / total[:, None]).to(dt),
+             mask=q_ok)
+
+
 GEMV_ROWS = 4  # calls of up to this many rows multiply element by element, larger ones by tl.dot
+ROW_BLOCK = 64  # keys per iteration of the row-length attention (the talker's in the wide layers)
 # tiles (BLOCK_N, BLOCK_K, warps, stages) by role and kind, from benchmarks/fused_layers_bench.py on an H100
 # (gemv: session 12, under programmatic dependent launch, --rows 1,2)
 _TILES = {"qkv": {"gemv": (2, 1024, 2, 3), "dot": (32, 128, 4, 3)},
@@ -405,6 +481,23 @@ def attention(qkv: torch.Tensor, attn, cos: torch.Tensor, sin: torch.Tensor, pos
     return out
 
 
+def row_attention(qkv: torch.Tensor, attn, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    """attention() for many rows of one new position each over a cache of any length (the talker's steps in the
+    wide layers): a program per row and key/value head reads only that row's positions, where a KV bucket's
+    SDPA reads every row up to the longest (on an H100, ~3.7 us per position of the bucket at 128 rows)."""
+    batch, seq = positions.shape
+    if seq != 1:
+        raise ValueError(f"{seq} new positions per row over a cache of {k_cache.shape[2]} (> {MAX_KEYS}): the "
+                         "wide layers take one")
+    out = torch.empty((batch, attn.num_heads * attn.head_dim), dtype=qkv.dtype, device=qkv.device)
+    _row_attention_kernel[(batch, attn.num_kv_heads)](
+        qkv, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin, positions, positions.stride(0),
+        k_cache, v_cache, *k_cache.stride()[:3], out, attn.scale, HEADS=attn.num_heads, KV_HEADS=attn.num_kv_heads,
+        D=attn.head_dim, BLOCK=ROW_BLOCK, DOT_F32=_DOT_F32, num_warps=4, num_stages=3)
+    return out
+
+
 class FusedStack:
     """A DecoderStack's decode passes through the kernels above (see supports for which stacks and calls)."""
 
@@ -463,13 +556,21 @@ def _layer_tail(a, h, o_weight, post_norm, eps, gate_up, down, next_norm=None, n
 
 
 class WideStack:
-    """A DecoderStack's decode passes of many rows over a short cache (the code predictor's): torch's products
-    and kernel 2 above for each layer's attention. compile() fuses the norms, SiLU and residual sums between the
-    products (torch.compile, one graph for every layer); uncompiled it runs the same maths eagerly."""
+    """A DecoderStack's decode passes of many rows: torch's products, and for each layer's attention kernel 2
+    above over a short cache (the code predictor's) or row_attention over a long one (the talker's, one new
+    position per row). compile() fuses the norms, SiLU and residual sums between the products (torch.compile,
+    one graph for every layer); uncompiled it runs the same maths eagerly."""
 
     def __init__(self, stack: DecoderStack):
         self.stack = stack
         self._project, self._tail = _project, _layer_tail
+
+    @staticmethod
+    def supports(stack: DecoderStack) -> bool:
+        """FusedStack's stacks whose query groups fit row_attention's 16-row tile, head_dim 16 at least (tl.dot)."""
+        cfg = stack.cfg
+        group, rest = divmod(cfg.num_attention_heads, cfg.num_key_value_heads)
+        return FusedStack.supports(stack) and not rest and group <= 16 and cfg.head_dim >= 16
 
     def compile(self) -> None:
         self._project = torch.compile(_project, dynamic=True)
@@ -477,10 +578,9 @@ class WideStack:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor) -> torch.Tensor:
-        """As FusedStack.__call__, for any number of rows, over caches of up to MAX_KEYS positions."""
-        if k_cache.shape[3] > MAX_KEYS:
-            raise ValueError(f"a cache of {k_cache.shape[3]} positions (> {MAX_KEYS}): the wide layers take the "
-                             "code predictor's")
+        """As FusedStack.__call__, for any number of rows; over a cache of more than MAX_KEYS positions, one new
+        position per row."""
+        attend = attention if k_cache.shape[3] <= MAX_KEYS else row_attention
         batch, seq, _ = x.shape
         layers, rotary = self.stack.layers, self.stack.rotary
         eps = layers[0].input_layernorm.eps
@@ -488,7 +588,7 @@ class WideStack:
         qkv = self._project(h, layers[0].input_layernorm.weight, eps, layers[0].self_attn.fused_weight)
         for i, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
-            a = attention(qkv.view(batch * seq, -1), attn, rotary.cos, rotary.sin, positions, k_cache[i], v_cache[i])
+            a = attend(qkv.view(batch * seq, -1), attn, rotary.cos, rotary.sin, positions, k_cache[i], v_cache[i])
             following = (layers[i + 1].input_layernorm.weight, layers[i + 1].self_attn.fused_weight) \
                 if i + 1 < len(layers) else ()
             h, qkv = self._tail(a.view(batch, seq, -1), h, attn.o_proj.weight, layer.post_attention_layernorm.weight,

@@ -9,8 +9,6 @@ matmul each over a fused weight whose rows those parameters view (FusedProjectio
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -233,9 +231,6 @@ class Attention(FusedProjections):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.scale = self.head_dim ** -0.5
-        # A masked single-token pass (a decode step) may go to this instead of SDPA: (q, k_cache rows, v_cache rows,
-        # keys per row, scale) -> out, or None to decline; the engine sets it (triton_attention) on CUDA.
-        self.decode_attention: Callable | None = None
         self.fuse()
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
@@ -258,7 +253,8 @@ class Attention(FusedProjections):
         k_cache[rows, :, write_pos] = k.transpose(1, 2)
         v_cache[rows, :, write_pos] = v.transpose(1, 2)
         if mask is not None:
-            out = self._masked(q, k_cache, v_cache, write_pos, kv_len, mask)
+            out = F.scaled_dot_product_attention(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], attn_mask=mask,
+                                                 scale=self.scale, enable_gqa=True)
         elif seq > 1:  # a branch, not is_causal=seq > 1: compiled with dynamic shapes that is a SymBool, a graph break
             with sdpa_kernel(MULTI_TOKEN_SDPA):
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
@@ -266,17 +262,6 @@ class Attention(FusedProjections):
             out = F.scaled_dot_product_attention(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], scale=self.scale,
                                                  enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))
-
-    def _masked(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, write_pos: torch.Tensor,
-                kv_len: int, mask: torch.Tensor) -> torch.Tensor:
-        """Attention under a mask; a decode step (one new token per row) goes to decode_attention when it is set
-        and takes the call: the engine sets it only where such a mask is exactly the positions <= write_pos."""
-        if q.shape[2] == 1 and self.decode_attention is not None:
-            out = self.decode_attention(q, k_cache, v_cache, write_pos[:, 0] + 1, self.scale)
-            if out is not None:
-                return out
-        return F.scaled_dot_product_attention(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], attn_mask=mask,
-                                              scale=self.scale, enable_gqa=True)
 
 
 class MLP(FusedProjections):
