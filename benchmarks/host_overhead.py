@@ -39,6 +39,8 @@ SAMPLES_PER_FRAME = 1920  # 24 kHz / 12.5 Hz
 class StubTalker:
     """TalkerRunner's interface to the engine; each step's codes are ready step_s after its launch."""
 
+    warmup_s: dict = {}
+
     def __init__(self, num_slots: int, step_s: float, frames: int):
         self.num_slots, self.buckets = num_slots, make_buckets(num_slots)
         self.step_s, self.frames = step_s, frames

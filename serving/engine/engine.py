@@ -199,6 +199,7 @@ class Engine:
         self._recent_frames: deque[tuple[float, int]] = deque()
         self._recent_e2e: deque[float] = deque(maxlen=64)
         self._stopping = False
+        self.startup_s: dict[str, float] = {}  # seconds of start-up by phase (load, warm-ups), once started
         self.observe: Callable[[str, float], None] = lambda phase, seconds: None  # see PHASES; the server's metrics
 
     # --- lifecycle ---------------------------------------------------------------------------------------
@@ -207,12 +208,20 @@ class Engine:
         from serving.engine.loader import load_stages
 
         loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
         self.runner, self.codec, self.info = await loop.run_in_executor(self._talker_pool, load_stages, self.config)
         self.scheduler = Scheduler(self.runner.num_slots, self.config.max_queue, self.runner.buckets)
+        t1 = time.monotonic()
         await loop.run_in_executor(self._talker_pool, self.runner.warmup)
+        t2 = time.monotonic()
         await loop.run_in_executor(self._codec_pool, self.codec.warmup,
                                    (self.config.first_chunk_frames, self.config.chunk_frames),
                                    self.config.left_context_frames if self.info.task_type == "Base" else 0)
+        t3 = time.monotonic()
+        self.startup_s = {"load": round(t1 - t0, 1), "talker_warmup": round(t2 - t1, 1),
+                          "codec_warmup": round(t3 - t2, 1), "total": round(t3 - t0, 1)}
+        log.info("engine started in %.1f s: load %.1f, talker warm-up %.1f (%s), codec warm-up %.1f", t3 - t0, t1 - t0,
+                 t2 - t1, ", ".join(f"{k} {v}" for k, v in self.runner.warmup_s.items()), t3 - t2)
         self.info = replace(self.info, codec_graphs=self.codec.graph_report)
         # Loading, compiling and capturing leave millions of long-lived Python objects; a full collection that
         # scans them all stalls every thread for hundreds of ms, mid-burst. Moved out of the collector's reach,
@@ -240,7 +249,10 @@ class Engine:
         self._codec_pool.shutdown(wait=True, cancel_futures=True)
 
     def config_dict(self) -> dict:
+        """The configuration, what the stages made of it, and how long start-up took, by phase."""
         d = asdict(self.config)
+        if self.startup_s:
+            d["startup_s"] = self.startup_s
         if self.runner is not None:
             d.update(self.runner.describe())
         if self.codec is not None:

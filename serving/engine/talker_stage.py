@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -168,6 +169,7 @@ class TalkerRunner:
         self.pad_embed = self.prompts.tts_pad_embed().to(device=device, dtype=dtype)  # [H]
         self.lengths = [0] * s  # host mirror of self.pos: how far each slot's keys reach, without a sync
         self._voice_cache = LRU(voice_cache_size)
+        self.warmup_s: dict[str, float] = {}  # seconds of warmup() by part, once it has run
 
     def _compile(self) -> None:
         """torch.compile every decoder layer in place (names unchanged), and the pieces of a frame around them:
@@ -200,7 +202,7 @@ class TalkerRunner:
         return {"num_slots": self.num_slots, "buckets": list(self.buckets), "device": str(self.device),
                 "dtype": str(self.dtype).removeprefix("torch."), "kv_cache_bytes": self.kv_bytes(),
                 "graph_buckets": list(self.graph_buckets), "kv_buckets": list(self.kv_buckets),
-                "graphs_captured": len(self.graphs.graphs) if self.graphs else 0,
+                "graphs_captured": len(self.graphs.graphs) if self.graphs else 0, "warmup_s": self.warmup_s,
                 "graph_memory_bytes": self.graphs.memory_bytes if self.graphs else 0,
                 "prefill_graph_lengths": list(self.prefill_graphs.lengths) if self.prefill_graphs else [],
                 "compiled_layers": self.compile_layers, "fused_code_predictor_rows": self.fused_cp_rows,
@@ -529,15 +531,18 @@ class TalkerRunner:
         """Run every bucket's step once on empty slots (allocations, kernel selection, compilation), and capture
         the graphs of every graph bucket (one per KV bucket where its steps read a KV bucket: graph_kv_buckets);
         then clear the slots' state the passes touched."""
+        t0 = time.monotonic()
         with torch.inference_mode(), self._on_stream():
             for b in self.buckets:
                 self._step(b, 1, True)
             if self.compile_layers:
                 self._trace_prefill_shapes()
+            t1 = time.monotonic()
             if self.graphs is not None:
                 for b in self.graph_buckets:
                     for kv in self.graph_kv_buckets(b):
                         self.graphs.capture(b, kv)
+            t2 = time.monotonic()
             if self.prefill_graphs is not None:
                 self.prefill_graphs.capture_all()
             self.hidden.zero_()
@@ -546,3 +551,6 @@ class TalkerRunner:
             self.pos.zero_()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        # where start-up goes (the engine logs it; /health lists it): steps (compilation included), graph captures
+        self.warmup_s = {"steps": round(t1 - t0, 1), "frame_graphs": round(t2 - t1, 1),
+                         "prefill_graphs": round(time.monotonic() - t2, 1)}
