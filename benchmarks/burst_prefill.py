@@ -1,8 +1,7 @@
 """Where a burst's prefill goes: N requests admitted together, as a closed-loop level's first wave is.
 
     python benchmarks/burst_prefill.py --model DIR [--bursts 8,31,127] [--sets short,long] [--json OUT.json]
-                                       [--profile OUT.txt] [--token-budgets 8192,16384]
-                                       [--graph-groups 8,12,16]
+                                       [--profile OUT.txt] [--token-budgets 8192,16384] [--no-graphs]
 
 The server's request log (benchmarks/request_timeline.py) shows the first wave of a c=32 or c=128 level waiting
 on one prefill of all its prompts; this times that call (TalkerRunner.prefill_many, CUDA synchronised) and its
@@ -16,7 +15,6 @@ as it comes (kernel plans and allocations made per shape).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import time
@@ -35,10 +33,8 @@ def main() -> None:
     ap.add_argument("--token-budgets", default="",
                     help="Prompt positions per batched pass to compare, each cell run under each in turn "
                          "(serving.engine.talker_stage.PREFILL_TOKEN_BUDGET); default: the stack's own.")
-    ap.add_argument("--graph-groups", default="",
-                    help="Largest admissions that replay prefill graphs one by one to compare, each cell run "
-                         "under each in turn (serving.engine.talker_stage.PREFILL_GRAPH_MAX_GROUP); default: the "
-                         "stack's own.")
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="every group through the batched pass, none through the prefill graphs (the path before them)")
     ap.add_argument("--profile", type=Path,
                     help="Profile by operator (host time) the last set's largest burst less one request: a first call, "
                          "as a server meets a new shape.")
@@ -53,11 +49,12 @@ def main() -> None:
 
     bursts = [int(b) for b in args.bursts.split(",")]
     budgets = [int(b) for b in args.token_budgets.split(",") if b] or [talker_stage.PREFILL_TOKEN_BUDGET]
-    groups = [int(g) for g in args.graph_groups.split(",") if g] or [talker_stage.PREFILL_GRAPH_MAX_GROUP]
     config = EngineConfig(model=str(resolve_model(args.model)), load_format="dummy", max_batch_size=max(bursts), max_model_len=1024,
                           ignore_eos=True)
     runner, _codec, _info = load_stages(config)
     runner.warmup()
+    if args.no_graphs:
+        runner.prefill_graphs = None
 
     def sync() -> None:
         if torch.cuda.is_available():
@@ -95,8 +92,8 @@ def main() -> None:
         for n in bursts:
             texts = [items[i % len(items)].text for i in range(n)]
             reqs = [GenerationRequest(task="CustomVoice", text=t, speaker="vivian", max_new_tokens=900) for t in texts]
-            for budget, group in itertools.product(budgets, groups):
-                talker_stage.PREFILL_TOKEN_BUDGET, talker_stage.PREFILL_GRAPH_MAX_GROUP = budget, group
+            for budget in budgets:
+                talker_stage.PREFILL_TOKEN_BUDGET = budget
                 cells = []
                 for _ in range(args.reps + 1):  # a shape's first call is reported apart: a server meets new shapes
                     for slot in range(n):
@@ -106,15 +103,14 @@ def main() -> None:
                     cells.append((total, parts["build"], parts["pass"] - parts["slots"], parts["slots"]))
                 first, cells = cells[0], cells[1:]
                 total, build, pass_, slots = (statistics.median(c[i] for c in cells) for i in range(4))
-                row = {"set": set_name, "burst": n, "token_budget": budget, "graph_group": group,
-                       "graphs": runner.prefill_graphs is not None and n <= group,
+                row = {"set": set_name, "burst": n, "token_budget": budget, "graphs": runner.prefill_graphs is not None,
                        "positions_mean": round(sum(positions) / n, 1), "positions_max": max(positions),
                        "total_ms": round(total, 2), "build_ms": round(build, 2), "pass_ms": round(pass_, 2),
                        "slots_ms": round(slots, 2), "rest_ms": round(total - build - pass_ - slots, 2),
                        "first_call": dict(zip(("total_ms", "build_ms", "pass_ms", "slots_ms"),
                                               (round(f, 2) for f in first)))}
                 rows.append(row)
-                how = f"{'graphs' if row['graphs'] else 'pass'} (graphs <= {group})"
+                how = "graphs" if row["graphs"] else "batched passes"
                 print(f"  {set_name:5s} burst {n:3d} budget {budget:5d} {how:20s}: {row['positions_mean']:.0f} "
                       f"positions mean ({row['positions_max']} max)  prefill_many {total:7.1f} ms = build "
                       f"{build:6.1f} + pass {pass_:6.1f} + slot setup {slots:5.1f} + rest {row['rest_ms']:5.1f}  "

@@ -19,6 +19,9 @@ import time
 from typing import Callable
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from serving.model.transfer import upload
 
 SMALLEST_KV_BUCKET = 128
 
@@ -111,50 +114,83 @@ class FrameGraphs:
         return out
 
 
-class PrefillGraphs:
-    """One request's prefill captured per prompt-length bucket, written straight into the request's slot.
+PREFILL_GRAPH_ROWS = (1, 4, 16, 32, 64, 128)  # prompts per captured prefill (an admission pads up to the next)
 
-    An uncaptured prefill is ~28 x 20 kernel launches whose host cost (~40 ms on an H100 with compiled layers,
-    docs/performance.md) dwarfs its GPU time (~1-3 ms): it was most of a lone request's first-audio latency.
-    A prompt is right-padded to its bucket (causal attention: padding after the prompt changes none of its
-    positions) and the bucket's graph runs the talker over it into cache positions [0, bucket) of the slot
-    its `rows` buffer names; the padding's keys land past the prompt, where no step reads them (see
-    TalkerRunner._prefill_pass). `run` takes a device other than CUDA too, running the same function eagerly
-    (tests), and returns None for prompts longer than every bucket.
+
+def prefill_shapes(lengths: tuple[int, ...], max_rows: int, max_positions: int) -> tuple[tuple[int, int], ...]:
+    """The (prompts, length) buckets that get prefill graphs: every length bucket for one prompt; for several, the
+    PREFILL_GRAPH_ROWS below max_rows (the most an admission can hold) and max_rows itself, with the length buckets
+    whose rows x length stay within max_positions (a batched pass's budget)."""
+    rows = sorted({r for r in PREFILL_GRAPH_ROWS if r < max_rows} | {max_rows})
+    return tuple((r, n) for r in rows for n in lengths if r == 1 or r * n <= max_positions)
+
+
+class PrefillGraphs:
+    """Prefills captured per (prompts, length) bucket, written straight into the requests' slots.
+
+    An uncaptured prefill is ~28 x 20 kernel launches whose host cost dwarfs its GPU time (~40 ms on an H100 with
+    compiled layers for one prompt, where its GPU time is ~1-3 ms; 20 ms of host for a batched pass of 31 long
+    prompts, more under a busy server's HTTP handlers, docs/performance.md), and a server meets most (rows,
+    length) shapes for the first time mid-burst. Prompts are right-padded to the bucket's length (causal
+    attention: padding after a prompt changes none of its positions) and the batch to the bucket's rows by
+    copies of the first prompt bound for the first slot (the same inputs through the same kernels: their keys and
+    values land where its own do, and are its own);
+    the bucket's graph runs the talker over them into cache positions [0, length) of the slots its `rows` buffer
+    names. The padding's keys land past each prompt, where no step reads them (see TalkerRunner._prefill_pass).
+    `run` takes a device other than CUDA too, running the same function eagerly (tests), and returns None for
+    prompts no bucket holds.
     """
 
-    def __init__(self, stack, kv, lengths: tuple[int, ...], device: torch.device, dtype: torch.dtype):
+    def __init__(self, stack, kv, shapes: tuple[tuple[int, int], ...], device: torch.device, dtype: torch.dtype):
         self.stack = stack  # the talker's DecoderStack
         self.kv = kv  # the engine's KVCache: [layers, slots, heads, max_len, head_dim]
-        self.lengths = lengths
-        longest = max(lengths)
-        self.x = torch.zeros(1, longest, stack.cfg.hidden_size, dtype=dtype, device=device)
-        self.positions = torch.arange(longest, device=device)[None]
-        self.rows = torch.zeros(1, 1, dtype=torch.int64, device=device)  # the slot of the next run
+        self.shapes = tuple(sorted(shapes, key=lambda s: (s[0] * s[1], s[0])))  # cheapest first
+        self.lengths = tuple(sorted({n for _, n in shapes}))
+        hidden = stack.cfg.hidden_size
+        self._x = torch.zeros(max(r * n for r, n in shapes) * hidden, dtype=dtype, device=device)
+        self.positions = torch.arange(max(self.lengths), device=device)[None]
+        self.rows = torch.zeros(max(r for r, _ in shapes), 1, dtype=torch.int64, device=device)  # the slots of a run
         self.graphs = FrameGraphs(self._pass, device) if device.type == "cuda" else None
 
-    def _pass(self, length: int, _unused: int = 0) -> tuple[torch.Tensor]:
-        positions = self.positions[:, :length]
-        return (self.stack(self.x[:, :length], positions, self.kv, positions, kv_len=length, mask=None,
-                           rows=self.rows),)
+    def _inputs(self, rows: int, length: int) -> torch.Tensor:
+        """The bucket's input [rows, length, H]: a contiguous view of the one buffer every bucket shares."""
+        return self._x[:rows * length * self.stack.cfg.hidden_size].view(rows, length, -1)
+
+    def _pass(self, rows: int, length: int) -> tuple[torch.Tensor]:
+        positions = self.positions[:, :length].expand(rows, length)
+        return (self.stack(self._inputs(rows, length), positions, self.kv, positions, kv_len=length, mask=None,
+                           rows=self.rows[:rows]),)
 
     def capture_all(self) -> None:
         if self.graphs is not None:
-            for length in self.lengths:
-                self.graphs.capture(length, 0)
+            for rows, length in self.shapes:
+                self.graphs.capture(rows, length)
 
-    def run(self, prompt: torch.Tensor, slot: int) -> torch.Tensor | None:
-        """prompt [L, H] -> the post-norm hidden state of its last position [H]; its keys and values land in
-        cache positions [0, L) of `slot` (and the padding's up to its bucket)."""
-        n = prompt.shape[0]
-        bucket = smallest_cover(n, self.lengths)
-        if bucket is None:
+    def bucket(self, count: int, longest: int) -> tuple[int, int] | None:
+        """The cheapest (prompts, length) bucket that holds `count` prompts of up to `longest` positions."""
+        return next(((r, n) for r, n in self.shapes if r >= count and n >= longest), None)
+
+    def run(self, prompts: list[torch.Tensor], slots: list[int]) -> torch.Tensor | None:
+        """prompts [L_i, H] bound for `slots` -> the post-norm hidden state of each one's last position [n, H] (a new
+        tensor); their keys and values land in cache positions [0, L_i) of their slots (and the padding's up to
+        the bucket's length); None when no bucket holds them."""
+        lengths = [p.shape[0] for p in prompts]
+        shape = self.bucket(len(prompts), max(lengths))
+        if shape is None:
             return None
-        self.x[0, :n] = prompt.to(self.x.dtype)
-        self.x[0, n:bucket] = 0
-        self.rows.fill_(slot)
-        out = self.graphs.replay(bucket, 0)[0] if self.graphs is not None else self._pass(bucket)[0]
-        return out[0, n - 1]  # the graph's output: read before the next run
+        rows, length = shape
+        x, n, longest = self._inputs(rows, length), len(prompts), max(lengths)
+        if n == 1:
+            x[0, :longest] = prompts[0].to(x.dtype)
+        else:
+            x[:n, :longest] = pad_sequence([p.to(x.dtype) for p in prompts], batch_first=True)
+        x[:n, longest:] = 0
+        x[n:] = x[0]
+        slots = slots + [slots[0]] * (rows - n)
+        self.rows[:rows, 0] = upload(slots, torch.int64, self.rows.device)
+        out = self.graphs.replay(rows, length)[0] if self.graphs is not None else self._pass(rows, length)[0]
+        last = upload([length_i - 1 for length_i in lengths], torch.int64, out.device)
+        return out[torch.arange(n, device=out.device), last]  # a gather: the graph's output is the next replay's
 
 
 class CacheView:

@@ -21,7 +21,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from serving.engine.cuda_graphs import (CacheView, FrameGraphs, PrefillGraphs, make_graph_buckets, make_kv_buckets,
-                                       sleep_until, smallest_cover, wait_sleeping)
+                                       prefill_shapes, sleep_until, smallest_cover, wait_sleeping)
 from serving.engine.length_policy import frame_limit
 from serving.engine.lru import LRU
 from serving.engine.request import GenerationRequest
@@ -37,7 +37,6 @@ FUSED_CP_ROWS = 8  # steps of up to this many rows run the code predictor's fuse
 FUSED_TALKER_ROWS = 2  # steps of up to this many rows run the talker's layers fused too (4 rows: 1.7B 13% slower)
 WIDE_TALKER_ROWS = 32  # steps of this many rows or more run the talker's wide layers (the row-length attention
 # alone was 4% slower than SDPA over the KV bucket at 16 rows on an H100)
-PREFILL_GRAPH_MAX_GROUP = 16  # admissions up to this many replay prefill graphs one by one; more take a batched pass
 
 
 class _HostBuffer:
@@ -165,7 +164,9 @@ class TalkerRunner:
         if compile_layers:
             self._compile()
         prefill_lengths = make_kv_buckets(min(max_model_len, PREFILL_GRAPH_MAX_LEN), 32)
-        self.prefill_graphs = PrefillGraphs(self.talker.model, self.kv, prefill_lengths, device, dtype) if cuda_graphs else None
+        self.prefill_graphs = PrefillGraphs(self.talker.model, self.kv,
+                                            prefill_shapes(prefill_lengths, num_slots, PREFILL_TOKEN_BUDGET), device,
+                                            dtype) if cuda_graphs else None
         self.pad_embed = self.prompts.tts_pad_embed().to(device=device, dtype=dtype)  # [H]
         self.lengths = [0] * s  # host mirror of self.pos: how far each slot's keys reach, without a sync
         self._voice_cache = LRU(voice_cache_size)
@@ -204,7 +205,9 @@ class TalkerRunner:
                 "graph_buckets": list(self.graph_buckets), "kv_buckets": list(self.kv_buckets),
                 "graphs_captured": len(self.graphs.graphs) if self.graphs else 0, "warmup_s": self.warmup_s,
                 "graph_memory_bytes": self.graphs.memory_bytes if self.graphs else 0,
-                "prefill_graph_lengths": list(self.prefill_graphs.lengths) if self.prefill_graphs else [],
+                "prefill_graph_shapes": [list(shape) for shape in self.prefill_graphs.shapes] if self.prefill_graphs else [],
+                "prefill_graph_memory_bytes": self.prefill_graphs.graphs.memory_bytes
+                if self.prefill_graphs and self.prefill_graphs.graphs else 0,
                 "compiled_layers": self.compile_layers, "fused_code_predictor_rows": self.fused_cp_rows,
                 "fused_talker_rows": self.fused_talker_rows, "wide_code_predictor": self.wide_cp is not None,
                 "wide_talker_rows": self.wide_talker_rows,
@@ -259,41 +262,37 @@ class TalkerRunner:
         return results
 
     def _prefill_groups(self, built: list) -> None:
-        """A few prompts go one by one through the prefill graphs (~3-5 ms each with prompt building and slot
-        setup, where an uncaptured pass costs ~40 ms of kernel launches at any size); a larger burst, and
-        prompts longer than every bucket, in batched passes. Of the three policies measured on an H100
-        (docs/performance.md: this one; every admission through graphs, 16 per step; graphs up to 4 with 16
-        per step) this one served the short set best at c=32 and c=128; spreading a burst over steps only
-        helped the long set at c=32."""
-        if self.prefill_graphs is not None and len(built) <= PREFILL_GRAPH_MAX_GROUP:
-            rest, done = [], []
-            for slot, request, prompt in built:
-                hidden = self.prefill_graphs.run(prompt.prefill, slot)
-                if hidden is None:
-                    rest.append((slot, request, prompt))
-                else:  # a copy: the graph's output buffer is the next replay's
-                    done.append((slot, request, prompt, hidden.clone()))
-            if done:  # the slots' setup once for all, after the replays: the host never waits between them
-                self._init_slots(done)
-            built = rest
-        group, tokens = [], 0
+        """The admitted prompts in groups of similar length (sorted), each through the prefill graph of its
+        (prompts, length) bucket, or, where none holds it (a prompt longer than every bucket, no graphs), in a
+        batched pass within PREFILL_TOKEN_BUDGET positions; the slots' setup once for all, after the passes, so
+        the host never waits between them. An uncaptured pass costs ~1 ms of host per compiled layer call, ~20 ms
+        for a burst of 31 long prompts (more in a busy server), where a graph's replay costs its GPU time."""
+        def held(count: int, longest: int) -> bool:
+            return self.prefill_graphs is not None and self.prefill_graphs.bucket(count, longest) is not None
+
+        done, group, tokens = [], [], 0
         for entry in sorted(built, key=lambda e: e[2].prefill.shape[0]):  # similar lengths together: less padding
-            length = entry[2].prefill.shape[0]
-            if group and (tokens + length > PREFILL_TOKEN_BUDGET):
-                self._prefill_group(group)
-                group, tokens = [], 0
+            length = entry[2].prefill.shape[0]  # the longest yet: sorted
+            if group and not held(len(group) + 1, length):  # a group a graph holds stays one; else the budget
+                if held(len(group), group[-1][2].prefill.shape[0]) or tokens + length > PREFILL_TOKEN_BUDGET:
+                    done += self._prefill_group(group)
+                    group, tokens = [], 0
             group.append(entry)
             tokens += length
         if group:
-            self._prefill_group(group)
+            done += self._prefill_group(group)
+        if done:
+            self._init_slots(done)
 
-    def _prefill_group(self, group: list) -> None:
-        """One batched pass over right-padded prompts, written straight into their slots."""
-        lengths = [prompt.prefill.shape[0] for _, _, prompt in group]
-        x = pad_sequence([prompt.prefill for _, _, prompt in group], batch_first=True).to(self.device, self.dtype)
-        out = self._prefill_pass(x, [slot for slot, _, _ in group])
-        self._init_slots([(slot, request, prompt, out[i, lengths[i] - 1])
-                          for i, (slot, request, prompt) in enumerate(group)])
+    def _prefill_group(self, group: list) -> list:
+        """One pass over a group's prompts, written straight into their slots: its graph's, else a batched pass
+        over them right-padded. Returns the entries of _init_slots."""
+        slots, prompts = [slot for slot, _, _ in group], [prompt.prefill for _, _, prompt in group]
+        hidden = self.prefill_graphs.run(prompts, slots) if self.prefill_graphs is not None else None
+        if hidden is None:
+            out = self._prefill_pass(pad_sequence(prompts, batch_first=True).to(self.device, self.dtype), slots)
+            hidden = out[torch.arange(len(group), device=out.device), [p.shape[0] - 1 for p in prompts]]
+        return [(slot, request, prompt, hidden[i]) for i, (slot, request, prompt) in enumerate(group)]
 
     def _prefill_pass(self, x: torch.Tensor, slots: list[int]) -> torch.Tensor:
         """The talker over prompts x [n, L, H] from position 0, keys and values into positions [0, L) of `slots`:
