@@ -132,11 +132,11 @@ class PrefillGraphs:
     compiled layers for one prompt, where its GPU time is ~1-3 ms; 20 ms of host for a batched pass of 31 long
     prompts, more under a busy server's HTTP handlers, docs/performance.md), and a server meets most (rows,
     length) shapes for the first time mid-burst. Prompts are right-padded to the bucket's length (causal
-    attention: padding after a prompt changes none of its positions) and the batch to the bucket's rows by
-    copies of the first prompt bound for the first slot (the same inputs through the same kernels: their keys and
-    values land where its own do, and are its own);
-    the bucket's graph runs the talker over them into cache positions [0, length) of the slots its `rows` buffer
-    names. The padding's keys land past each prompt, where no step reads them (see TalkerRunner._prefill_pass).
+    attention: padding after a prompt changes none of its positions) and the batch to the bucket's rows by copies
+    of the first prompt bound for its slot (the same inputs through the same kernels: their keys and values are
+    its own, written where it writes them); the bucket's graph runs the talker over them into cache positions
+    [0, length) of the slots its `rows` buffer names. The padding's keys land past each prompt, where no step
+    reads them (see TalkerRunner._prefill_pass).
     `run` takes a device other than CUDA too, running the same function eagerly (tests), and returns None for
     prompts no bucket holds.
     """

@@ -291,7 +291,7 @@ class TalkerRunner:
         hidden = self.prefill_graphs.run(prompts, slots) if self.prefill_graphs is not None else None
         if hidden is None:
             out = self._prefill_pass(pad_sequence(prompts, batch_first=True).to(self.device, self.dtype), slots)
-            hidden = out[torch.arange(len(group), device=out.device), [p.shape[0] - 1 for p in prompts]]
+            hidden = [out[i, p.shape[0] - 1] for i, p in enumerate(prompts)]
         return [(slot, request, prompt, hidden[i]) for i, (slot, request, prompt) in enumerate(group)]
 
     def _prefill_pass(self, x: torch.Tensor, slots: list[int]) -> torch.Tensor:
