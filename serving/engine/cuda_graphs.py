@@ -149,7 +149,9 @@ class PrefillGraphs:
         hidden = stack.cfg.hidden_size
         self._x = torch.zeros(max(r * n for r, n in shapes) * hidden, dtype=dtype, device=device)
         self.positions = torch.arange(max(self.lengths), device=device)[None]
-        self.rows = torch.zeros(max(r for r, _ in shapes), 1, dtype=torch.int64, device=device)  # the slots of a run
+        most = max(r for r, _ in shapes)
+        self.rows = torch.zeros(most, 1, dtype=torch.int64, device=device)  # the slots of a run
+        self.last = torch.zeros(most, dtype=torch.int64, device=device)  # each prompt's last position
         self.graphs = FrameGraphs(self._pass, device) if device.type == "cuda" else None
 
     def _inputs(self, rows: int, length: int) -> torch.Tensor:
@@ -157,9 +159,12 @@ class PrefillGraphs:
         return self._x[:rows * length * self.stack.cfg.hidden_size].view(rows, length, -1)
 
     def _pass(self, rows: int, length: int) -> tuple[torch.Tensor]:
+        """The talker over the bucket's inputs -> the hidden state of each row's last position [rows, H] (a graph
+        keeps only its output alive: [rows, H], not [rows, length, H])."""
         positions = self.positions[:, :length].expand(rows, length)
-        return (self.stack(self._inputs(rows, length), positions, self.kv, positions, kv_len=length, mask=None,
-                           rows=self.rows[:rows]),)
+        out = self.stack(self._inputs(rows, length), positions, self.kv, positions, kv_len=length, mask=None,
+                         rows=self.rows[:rows])
+        return (out[torch.arange(rows, device=out.device), self.last[:rows]],)
 
     def capture_all(self) -> None:
         if self.graphs is not None:
@@ -186,11 +191,11 @@ class PrefillGraphs:
             x[:n, :longest] = pad_sequence([p.to(x.dtype) for p in prompts], batch_first=True)
         x[:n, longest:] = 0
         x[n:] = x[0]
-        slots = slots + [slots[0]] * (rows - n)
-        self.rows[:rows, 0] = upload(slots, torch.int64, self.rows.device)
+        pad = rows - n
+        self.rows[:rows, 0] = upload(slots + [slots[0]] * pad, torch.int64, self.rows.device)
+        self.last[:rows] = upload([m - 1 for m in lengths] + [lengths[0] - 1] * pad, torch.int64, self.last.device)
         out = self.graphs.replay(rows, length)[0] if self.graphs is not None else self._pass(rows, length)[0]
-        last = upload([length_i - 1 for length_i in lengths], torch.int64, out.device)
-        return out[torch.arange(n, device=out.device), last]  # a gather: the graph's output is the next replay's
+        return out[:n].clone()  # the graph's output buffer is the next replay's
 
 
 class CacheView:
