@@ -112,3 +112,33 @@ def test_a_burst_replays_the_batched_buckets_and_each_slot_ends_as_its_own_prefi
         torch.testing.assert_close(runner.kv.v[:, slot, :, :n], v, atol=1e-5, rtol=1e-5)
     untouched = [s for s in range(runner.num_slots) if s not in slots]
     assert not runner.kv.k[:, untouched].any() and not runner.kv.v[:, untouched].any()
+
+
+def test_a_large_burst_is_cut_into_groups_the_buckets_hold():
+    """127 prompts of 18 to 1100 positions (a long set's burst and a few longer than every bucket): sorted by length,
+    each group is the most prompts a bucket holds, or, past every bucket, a batched pass within the token budget."""
+    from types import SimpleNamespace
+
+    from serving.engine.cuda_graphs import make_kv_buckets
+    from serving.engine.talker_stage import PREFILL_TOKEN_BUDGET
+
+    runner, _codec, _info = load_stages(EngineConfig(model=str(resolve_model("tiny-random")),
+                                                     **dict(CONFIG, max_batch_size=128, max_model_len=2048)))
+    lengths = make_kv_buckets(1024, 32)
+    runner.prefill_graphs = PrefillGraphs(runner.talker.model, runner.kv, prefill_shapes(lengths, 128, 8192),
+                                          runner.device, runner.dtype)
+    sizes = [18 + (i * 37) % 211 for i in range(120)] + [300, 600, 1000, 1030, 1100, 1500, 2000]
+    built = [(slot, None, SimpleNamespace(prefill=torch.zeros(n, 1))) for slot, n in enumerate(sizes)]
+    groups = []
+    runner._prefill_group = lambda group: groups.append([e[2].prefill.shape[0] for e in group]) or []
+    runner._prefill_groups(built)
+    assert [n for g in groups for n in g] == sorted(sizes)
+    graphs = runner.prefill_graphs
+    for i, group in enumerate(groups):
+        if graphs.bucket(len(group), group[-1]) is not None:
+            if i + 1 < len(groups):  # it took every prompt its bucket's kind could: one more breaks every bucket
+                assert graphs.bucket(len(group) + 1, groups[i + 1][0]) is None
+        else:
+            assert sum(group) <= PREFILL_TOKEN_BUDGET or len(group) == 1
+    held = [g for g in groups if graphs.bucket(len(g), g[-1]) is not None]
+    assert sum(map(len, held)) == 123 and [g for g in groups if g not in held] == [[1030, 1100, 1500, 2000]]
