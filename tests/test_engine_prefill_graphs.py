@@ -7,7 +7,7 @@ batched pass."""
 import torch
 
 from serving.engine.checkpoint import resolve_model
-from serving.engine.cuda_graphs import PrefillGraphs, prefill_shapes, smallest_cover
+from serving.engine.cuda_graphs import PrefillGraphs, prefill_shapes
 from serving.engine.engine import EngineConfig
 from serving.engine.loader import load_stages
 from serving.engine.request import GenerationRequest
@@ -36,7 +36,7 @@ def test_bucketed_prefill_equals_the_direct_one_in_its_own_slot():
         torch.testing.assert_close(runner.kv.k[:, 2, :, :n], want_k, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(runner.kv.v[:, 2, :, :n], want_v, atol=1e-5, rtol=1e-5)
         others = [s for s in range(runner.num_slots) if s != 2]
-        bucket = smallest_cover(n, graphs.lengths)  # the padding's keys go up to the bucket, no further
+        _rows, bucket = graphs.bucket(1, n)  # the padding's keys go up to the bucket, no further
         assert not runner.kv.k[:, others].any() and not runner.kv.k[:, 2, :, bucket:].any()
     long_prompt = torch.zeros(65, runner.talker.cfg.transformer.hidden_size)
     assert graphs.run([long_prompt], [0]) is None  # beyond the largest bucket: the batched path's job

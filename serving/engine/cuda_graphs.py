@@ -145,10 +145,9 @@ class PrefillGraphs:
         self.stack = stack  # the talker's DecoderStack
         self.kv = kv  # the engine's KVCache: [layers, slots, heads, max_len, head_dim]
         self.shapes = tuple(sorted(shapes, key=lambda s: (s[0] * s[1], s[0])))  # cheapest first
-        self.lengths = tuple(sorted({n for _, n in shapes}))
         hidden = stack.cfg.hidden_size
         self._x = torch.zeros(max(r * n for r, n in shapes) * hidden, dtype=dtype, device=device)
-        self.positions = torch.arange(max(self.lengths), device=device)[None]
+        self.positions = torch.arange(max(n for _, n in shapes), device=device)[None]
         most = max(r for r, _ in shapes)
         self.rows = torch.zeros(most, 1, dtype=torch.int64, device=device)  # the slots of a run
         self.last = torch.zeros(most, dtype=torch.int64, device=device)  # each prompt's last position

@@ -421,8 +421,8 @@ class TalkerRunner:
         return b <= self.fused_talker_rows or (self.wide_talker_rows is not None and b >= self.wide_talker_rows)
 
     def graph_kv_buckets(self, b: int) -> tuple[int, ...]:
-        """The KV lengths of the graphs a batch bucket gets."""
-        return (0,) if self.reads_own_keys(b) else self.kv_buckets
+        """The KV lengths of the graphs a batch bucket gets: those graph_kv gives over every KV bucket."""
+        return tuple(sorted({self.graph_kv(b, n) for n in self.kv_buckets}))
 
     def graph_kv(self, b: int, kv_len: int) -> int | None:
         """The KV length of the graph of batch bucket b that serves steps whose longest row reaches kv_len keys."""

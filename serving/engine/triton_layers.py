@@ -38,11 +38,10 @@ import functools
 import os
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-import torch.nn.functional as F
 
 from serving.model.layers import DecoderStack, rms_norm
 
