@@ -3,7 +3,7 @@
     python benchmarks/engine_phases.py BEFORE.txt AFTER.txt [--json OUT.json]
 
 gpu_bench.sh scrapes before and after each load level, so each level gets its own breakdown of where the time
-went inside the server (serving.engine.engine.PHASES): accept, queue, prefill, talker_step, first_frames,
+went inside the server (serving.engine.engine.PHASES): accept, voice, queue, prefill, talker_step, first_frames,
 codec_wait, codec_call, deliver. Prints one line, writes {phase: {"count", "mean_ms"}}.
 """
 

@@ -53,6 +53,9 @@ class StubTalker:
     def describe(self) -> dict:
         return {}
 
+    def needs_voice(self, request) -> bool:
+        return False  # custom-voice requests: no reference audio to encode
+
     def prefill_many(self, items: list) -> list:
         return [(np.zeros((0, GROUPS), dtype=np.int64), self.frames) for _ in items]
 

@@ -55,3 +55,23 @@ def test_cancelled_waiting_requests_leave_the_queue():
     assert s.remove_waiting("b") and not s.remove_waiting("b")
     s.submit("c")
     assert s.num_waiting == 1
+
+
+def test_requests_not_ready_keep_their_place_while_later_ones_go_ahead():
+    """A voice clone whose reference is still being encoded waits; ready requests behind it take the free slots,
+    in their order, and it is admitted first once ready. Waiting requests still count against the queue limit."""
+    pending = {"b", "d"}
+    s = Scheduler(num_slots=2, max_queue=3, ready=lambda item: item not in pending)
+    for item in "abcde":
+        s.submit(item)
+    with pytest.raises(QueueFullError):
+        s.submit("f")
+    assert s.num_ready == 3
+    assert s.admit() == [(0, "a"), (1, "c")]
+    assert list(s.waiting) == ["b", "d", "e"] and s.num_ready == 1
+    s.release(0)
+    assert s.admit() == [(0, "e")] and list(s.waiting) == ["b", "d"] and s.num_ready == 0
+    s.release(1)
+    assert s.admit() == [] and list(s.waiting) == ["b", "d"]
+    pending.clear()
+    assert s.admit() == [(1, "b")] and list(s.waiting) == ["d"]

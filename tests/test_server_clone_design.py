@@ -92,8 +92,8 @@ def test_an_inline_reference_is_encoded_once_and_reused(base):
     wav = VOICE_WAV.read_bytes()
     uri = "data:audio/wav;base64," + base64.b64encode(wav).decode()
     encoded = []
-    encode = runner.prompts._encode_reference
-    runner.prompts._encode_reference = lambda audio: encoded.append(1) or encode(audio)
+    encode = runner.prompts.encode_reference
+    runner.prompts.encode_reference = lambda audio: encoded.append(1) or encode(audio)
     runner._voice_cache.clear()  # earlier tests may have sent this clip
     base.server._clips.clear()
     decoded, unpacked = [], []
@@ -111,7 +111,7 @@ def test_an_inline_reference_is_encoded_once_and_reused(base):
         other = "data:audio/wav;base64," + base64.b64encode(buf.getvalue()).decode()
         assert clone(base, ref_audio=other, ref_text="Hello.", seed=11)[0] == 200
     finally:
-        runner.prompts._encode_reference = encode
+        runner.prompts.encode_reference = encode
         base.server._decode_clip, audio.decode_data_uri = decode, decode_uri
     assert len(encoded) == 2 and len(decoded) == 2 and sum(k.startswith("inline:") for k in runner._voice_cache) == 2  # a new clip, a new entry
 

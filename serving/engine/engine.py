@@ -48,7 +48,9 @@ TIMELINE = {
 # network and the HTTP parsing before the handler starts.
 PHASES = {
     "accept": "(server) the request's handler starts -> submitted: body, parsing, reference audio (per request)",
-    "queue": "request submitted -> admitted to a KV slot (per request)",
+    "voice": "a voice clone's reference new to the server: submitted -> encoded (speaker and codec encoders, on "
+             "the voice thread beside the talker's steps; per new voice)",
+    "queue": "request submitted -> admitted to a KV slot, its voice's encoding included (per request)",
     "prefill": "the prefill of the requests admitted together: graphs or batched passes (per admission)",
     "first_frames": "prefill done -> the frames of the first chunk generated (per request)",
     "talker_step": "one decode step's codes on the host, timed from the later of its launch and the previous "
@@ -146,6 +148,7 @@ class RequestStream:
         self.slot: int | None = None
         self.max_frames = request.max_new_tokens  # lowered at prefill when the prompt leaves less room
         self.codec: CodecStream | None = None
+        self.voice_pending = False  # its reference voice is being encoded; until then it waits for a slot
         # Its way through the engine (the phases' starts, and --request-log): monotonic time of each milestone
         # (TIMELINE), and the batch sizes it met (prefill_batch: requests prefilled together, running: rows
         # decoding when it was admitted, first_codec_batch: rows of the codec call of its first chunk).
@@ -191,6 +194,8 @@ class Engine:
         self.scheduler: Scheduler[RequestStream] | None = None
         self._talker_pool = ThreadPoolExecutor(1, thread_name_prefix="talker")
         self._codec_pool = ThreadPoolExecutor(1, thread_name_prefix="codec")
+        self._voice_pool = ThreadPoolExecutor(1, thread_name_prefix="voices")  # new voices' encoders
+        self._voice_tasks: set[asyncio.Task] = set()
         self._wake_talker = asyncio.Event()
         self._wake_codec = asyncio.Event()
         self._codec_streams: list[RequestStream] = []
@@ -210,7 +215,8 @@ class Engine:
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         self.runner, self.codec, self.info = await loop.run_in_executor(self._talker_pool, load_stages, self.config)
-        self.scheduler = Scheduler(self.runner.num_slots, self.config.max_queue, self.runner.buckets)
+        self.scheduler = Scheduler(self.runner.num_slots, self.config.max_queue, self.runner.buckets,
+                                   ready=lambda stream: not stream.voice_pending)
         t1 = time.monotonic()
         await loop.run_in_executor(self._talker_pool, self.runner.warmup)
         t2 = time.monotonic()
@@ -235,9 +241,9 @@ class Engine:
     async def shutdown(self) -> None:
         self._stopping = True
         self.ready = False
-        for task in self._tasks:
+        for task in self._tasks + list(self._voice_tasks):
             task.cancel()
-        for task in self._tasks:
+        for task in self._tasks + list(self._voice_tasks):
             try:
                 await task
             except (asyncio.CancelledError, Exception):
@@ -247,6 +253,7 @@ class Engine:
                 stream.queue.put_nowait(RequestFailed("the server is shutting down", 503))
         self._talker_pool.shutdown(wait=True, cancel_futures=True)
         self._codec_pool.shutdown(wait=True, cancel_futures=True)
+        self._voice_pool.shutdown(wait=True, cancel_futures=True)
 
     def config_dict(self) -> dict:
         """The configuration, what the stages made of it, and how long start-up took, by phase."""
@@ -269,8 +276,33 @@ class Engine:
                              f"--max-model-len {self.config.max_model_len}")
         stream = RequestStream(self, request)
         self.scheduler.submit(stream)
+        if self.runner.needs_voice(request):
+            stream.voice_pending = True
+            task = asyncio.get_running_loop().create_task(self._encode_voice(stream))
+            self._voice_tasks.add(task)
+            task.add_done_callback(self._voice_tasks.discard)
         self._wake_talker.set()
         return stream
+
+    async def _encode_voice(self, stream: RequestStream) -> None:
+        """Encode a request's new reference voice on the voice thread, then let it take a slot. The talker keeps
+        stepping meanwhile and admits ready requests that came later; requests of a voice already being encoded
+        queue behind it on the one thread and find it cached."""
+        t0 = time.monotonic()
+        try:
+            voice = await asyncio.get_running_loop().run_in_executor(self._voice_pool, self.runner.encode_voice,
+                                                                     stream.request)
+        except Exception as exc:
+            if not isinstance(exc, ValueError):
+                log.exception("encoding a reference voice failed")
+            if self.scheduler.remove_waiting(stream):  # else its client left
+                self._fail(stream, RequestFailed(str(exc), 400) if isinstance(exc, ValueError)
+                           else RequestFailed(f"encoding the reference audio failed: {type(exc).__name__}"))
+            return
+        self.observe("voice", time.monotonic() - t0)
+        stream.request.encoded_voice = voice
+        stream.voice_pending = False
+        self._wake_talker.set()
 
     def _on_cancel(self, stream: RequestStream) -> None:
         if self.scheduler.remove_waiting(stream):
@@ -315,7 +347,7 @@ class Engine:
         last_codes = 0.0  # when the previous step's codes reached the host
         while not self._stopping:
             self._drop_cancelled()
-            if inflight is None and sched.num_running == 0 and sched.num_waiting == 0:
+            if inflight is None and sched.num_running == 0 and sched.num_ready == 0:  # idle, or voices encoding
                 self._wake_talker.clear()
                 await self._wake_talker.wait()
                 continue

@@ -64,9 +64,10 @@ class PromptBuilder:
         if request.task == "Base":
             if request.speaker_embedding is not None:
                 embedding = torch.as_tensor(request.speaker_embedding, dtype=torch.float32)
+            elif request.encoded_voice is not None:
+                embedding, ref_codes = request.encoded_voice
             else:
-                embedding, ref_codes = cached(request.voice_key,
-                                              lambda: self._encode_reference(request.ref_audio))
+                embedding, ref_codes = cached(request.voice_key, lambda: self.encode_reference(request.ref_audio))
                 if request.x_vector_only:
                     ref_codes = None
         return SynthesisRequest(
@@ -75,7 +76,9 @@ class PromptBuilder:
             ref_codes=ref_codes, ref_text=request.ref_text if ref_codes is not None else None,
             non_streaming_text=request.non_streaming_mode)
 
-    def _encode_reference(self, audio: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_reference(self, audio: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x-vector, reference codes [frames, groups]) of a reference clip, both on the host: the caller may run
+        this on its own CUDA stream, and the copies finish that stream's work before anyone reads them."""
         if audio is None or self.model.speaker_encoder is None or self.codec_encoder is None:
             raise ValueError("voice cloning needs reference audio and a Base checkpoint")
         # Without cuDNN: each reference has its own length, and cuDNN sets up its convolutions anew for each shape.
@@ -84,5 +87,5 @@ class PromptBuilder:
         # count. The flag is process-wide: the codec thread's eager calls (priming) meanwhile also skip cuDNN.
         with torch.backends.cudnn.flags(enabled=False):
             embedding = self.model.speaker_encoder.embed(audio, SAMPLE_RATE).float().cpu()
-            codes = self.codec_encoder.encode([audio], SAMPLE_RATE)[0]
+            codes = self.codec_encoder.encode([audio], SAMPLE_RATE)[0].cpu()
         return embedding, codes

@@ -47,6 +47,8 @@ class GenerationRequest:
     speaker_embedding: np.ndarray | None = None  # Base: x-vector given directly
     x_vector_only: bool = False  # Base: condition on the x-vector alone (no reference codes)
     voice_key: str | None = None  # uploaded voice identity, lets the engine cache its embedding and codes
+    # ref_audio's x-vector and codes (CPU tensors), once the engine's voice thread has encoded them (new voices)
+    encoded_voice: tuple | None = None
     non_streaming_mode: bool | None = None  # None: the task's default (text streamed in for Base only)
     max_new_tokens: int = 2048
     first_chunk_frames: int | None = None  # None: the engine's --first-chunk-frames

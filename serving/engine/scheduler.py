@@ -9,7 +9,7 @@ covers every running request.
 from __future__ import annotations
 
 from collections import deque
-from typing import Generic, TypeVar
+from typing import Callable, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -37,7 +37,10 @@ def pick_bucket(rows: int, buckets: tuple[int, ...]) -> int:
 
 
 class Scheduler(Generic[T]):
-    def __init__(self, num_slots: int, max_queue: int, buckets: tuple[int, ...] | None = None):
+    def __init__(self, num_slots: int, max_queue: int, buckets: tuple[int, ...] | None = None,
+                 ready: Callable[[T], bool] = lambda item: True):
+        """`ready`: whether a waiting request may take a slot yet (a voice clone's reference may still be being
+        encoded); requests that are not wait in their place while later ready ones go ahead."""
         if num_slots < 1:
             raise ValueError("the KV cache must hold at least one request")
         if max_queue < 0:
@@ -47,6 +50,7 @@ class Scheduler(Generic[T]):
         self.buckets = buckets or make_buckets(num_slots)
         if self.buckets[-1] < num_slots:
             raise ValueError("the largest bucket must cover every slot")
+        self.ready = ready
         self.waiting: deque[T] = deque()
         self.slots: list[T | None] = [None] * num_slots
 
@@ -66,14 +70,28 @@ class Scheduler(Generic[T]):
             return False
 
     def admit(self, limit: int | None = None) -> list[tuple[int, T]]:
-        """Move waiting requests into free slots (lowest first), at most `limit` of them: (slot, item) pairs."""
-        admitted = []
-        while self.waiting and self.num_free and (limit is None or len(admitted) < limit):
-            slot = self.slots.index(None)
+        """Move ready waiting requests into free slots (lowest first) in their order of arrival, at most `limit` of
+        them: (slot, item) pairs."""
+        free = self.num_free
+        if not free or not self.waiting:
+            return []
+        admitted, kept = [], deque()
+        while self.waiting and len(admitted) < min(free, limit if limit is not None else free):
             item = self.waiting.popleft()
+            if not self.ready(item):
+                kept.append(item)
+                continue
+            slot = self.slots.index(None)
             self.slots[slot] = item
             admitted.append((slot, item))
+        kept.extend(self.waiting)
+        self.waiting = kept
         return admitted
+
+    @property
+    def num_ready(self) -> int:
+        """Waiting requests that could take a slot now."""
+        return sum(map(self.ready, self.waiting))
 
     # --- slots ---------------------------------------------------------------------------------------------
     def release(self, slot: int) -> None:

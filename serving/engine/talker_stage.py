@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import threading
 import time
 from dataclasses import dataclass
 
@@ -170,6 +171,9 @@ class TalkerRunner:
         self.pad_embed = self.prompts.tts_pad_embed().to(device=device, dtype=dtype)  # [H]
         self.lengths = [0] * s  # host mirror of self.pos: how far each slot's keys reach, without a sync
         self._voice_cache = LRU(voice_cache_size)
+        self._voice_lock = threading.Lock()  # the engine's voice thread fills the cache the talker's thread reads
+        # the voice thread's CUDA stream: a new voice's encoders run beside the talker's steps, not between them
+        self._voice_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.warmup_s: dict[str, float] = {}  # seconds of warmup() by part, once it has run
 
     def _compile(self) -> None:
@@ -331,14 +335,34 @@ class TalkerRunner:
         self.hidden[idx] = torch.stack([e[3] for e in entries]).to(self.hidden.dtype)
         self.active[idx], self.generated[idx], self.seen[idx] = 1, 0, False
 
+    def needs_voice(self, request: GenerationRequest) -> bool:
+        """Whether a request's reference audio waits to be encoded (a voice clone whose voice is not cached)."""
+        if request.task != "Base" or request.speaker_embedding is not None or request.encoded_voice is not None:
+            return False
+        with self._voice_lock:
+            return request.voice_key is None or request.voice_key not in self._voice_cache
+
+    @torch.inference_mode()
+    def encode_voice(self, request: GenerationRequest) -> tuple:
+        """A request's voice, (x-vector, reference codes) on the host, through the cache; called from the engine's
+        voice thread, whose CUDA stream runs the encoders while the talker's stream keeps stepping (on an H100 a
+        new voice took ~40 ms inside an admission's prefill, a pause for every running stream). Raises the
+        ValueError that makes the request unservable."""
+        stream = torch.cuda.stream(self._voice_stream) if self._voice_stream is not None else contextlib.nullcontext()
+        with stream:
+            return self._voice_cache_lookup(request.voice_key,
+                                            lambda: self.prompts.encode_reference(request.ref_audio))
+
     def _voice_cache_lookup(self, key: str | None, compute):
         """Speaker embedding and reference codes of uploaded voices are computed once per voice."""
         if key is None:
             return compute()
-        value = self._voice_cache.get(key)
+        with self._voice_lock:
+            value = self._voice_cache.get(key)
         if value is None:
             value = compute()
-            self._voice_cache.put(key, value)
+            with self._voice_lock:
+                self._voice_cache.put(key, value)
         return value
 
     def release(self, slot: int) -> None:

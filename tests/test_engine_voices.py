@@ -1,0 +1,93 @@
+"""A voice clone's new reference voice is encoded on the engine's voice thread, beside the talker's steps: other
+requests keep generating and are admitted meanwhile, and an encoding's error fails only its own request."""
+
+import base64
+import io
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+
+from tests.server_fixtures import ServerThread, post_json
+
+pytestmark = pytest.mark.slow
+VOICE_WAV = Path(__file__).resolve().parents[1] / "datasets" / "voices" / "en_us_female.wav"
+FRAMES = 5
+
+
+def clone(server, **fields):
+    body = {"input": "Cloned speech.", "max_new_tokens": FRAMES, "seed": 3, "response_format": "pcm", **fields}
+    return post_json(server.url + "/v1/audio/speech", body, timeout=60)
+
+
+def clip_uri(gain: float) -> str:
+    """The test voice at another level: a clip (and voice) the server has not met."""
+    data, sr = sf.read(VOICE_WAV, dtype="float32")
+    buf = io.BytesIO()
+    sf.write(buf, data * gain, sr, format="WAV")
+    return "data:audio/wav;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    srv = ServerThread("tiny-random-clone", tmp_path_factory.mktemp("voices"), max_batch_size=2)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def encoder(base):
+    """The runner's reference encoder, to hold or break it; restored after the test."""
+    prompts = base.server.engine.runner.prompts
+    real = prompts.encode_reference
+    yield prompts, real
+    prompts.encode_reference = real
+
+
+def test_requests_run_while_a_new_voice_is_encoded(base, encoder):
+    """A clone arrives first and its new voice's encoding is held; a request with an x-vector, sent after it, is
+    admitted and finishes meanwhile. Released, the clone is served as the same request is once its voice is
+    cached, and phase `voice` has one observation more."""
+    prompts, real = encoder
+    entered, release = threading.Event(), threading.Event()
+
+    def held(audio):
+        entered.set()
+        assert release.wait(60)
+        return real(audio)
+
+    prompts.encode_reference = held
+    phase = 'ttsbench_engine_phase_seconds_count{phase="voice"}'
+    voices_before = base.metrics().get(phase, 0.0)
+    uri = clip_uri(0.7)
+    first: list = []
+    clone_thread = threading.Thread(target=lambda: first.append(clone(base, ref_audio=uri, ref_text="Hello.", seed=9)))
+    clone_thread.start()
+    try:
+        assert entered.wait(30)
+        status, _, audio = clone(base, speaker_embedding=[0.1] * 64)
+        assert status == 200 and len(audio) == FRAMES * 1920 * 2
+        assert not release.is_set() and clone_thread.is_alive()  # the clone still waits on its voice
+    finally:
+        release.set()
+        clone_thread.join(60)
+    assert first[0][0] == 200 and len(first[0][2]) == FRAMES * 1920 * 2
+    again = clone(base, ref_audio=uri, ref_text="Hello.", seed=9)  # its voice cached now: no encoding
+    assert again[0] == 200 and again[2] == first[0][2]
+    assert base.metrics()[phase] == voices_before + 1
+
+
+def test_an_encoding_error_fails_its_request_alone(base, encoder):
+    prompts, real = encoder
+
+    def broken(audio):
+        raise ValueError("the reference clip is too short to clone")
+
+    prompts.encode_reference = broken
+    status, _, body = clone(base, ref_audio=clip_uri(0.6), ref_text="Hello.")
+    assert status == 400 and "too short" in json.loads(body)["error"]["message"]
+    prompts.encode_reference = real
+    assert clone(base, ref_audio=clip_uri(0.6), ref_text="Hello.")[0] == 200  # not cached as broken
+    assert clone(base, speaker_embedding=[0.1] * 64)[0] == 200
