@@ -76,6 +76,14 @@ class PromptBuilder:
             ref_codes=ref_codes, ref_text=request.ref_text if ref_codes is not None else None,
             non_streaming_text=request.non_streaming_mode)
 
+    def warm_up_encoders(self) -> None:
+        """Encode a synthetic clip once (voice clone checkpoints): a process's first encoding sets up the FFT and
+        the kernels' modules, 0.77 s on an H100 against ~35 ms for a new voice after it
+        (benchmarks/voice_encode_bench.py), which the server's first clone request would otherwise pay."""
+        if self.model.speaker_encoder is not None and self.codec_encoder is not None:
+            clip = np.random.default_rng(0).standard_normal(2 * SAMPLE_RATE).astype(np.float32) * 0.1
+            self.encode_reference(clip)
+
     def encode_reference(self, audio: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(x-vector, reference codes [frames, groups]) of a reference clip, both on the host: the caller may run
         this on its own CUDA stream, and the copies finish that stream's work before anyone reads them."""

@@ -348,10 +348,12 @@ class TalkerRunner:
         voice thread, whose CUDA stream runs the encoders while the talker's stream keeps stepping (on an H100 a
         new voice took ~40 ms inside an admission's prefill, a pause for every running stream). Raises the
         ValueError that makes the request unservable."""
-        stream = torch.cuda.stream(self._voice_stream) if self._voice_stream is not None else contextlib.nullcontext()
-        with stream:
+        with self._on_voice_stream():
             return self._voice_cache_lookup(request.voice_key,
                                             lambda: self.prompts.encode_reference(request.ref_audio))
+
+    def _on_voice_stream(self):
+        return torch.cuda.stream(self._voice_stream) if self._voice_stream is not None else contextlib.nullcontext()
 
     def _voice_cache_lookup(self, key: str | None, compute):
         """Speaker embedding and reference codes of uploaded voices are computed once per voice."""
@@ -568,6 +570,9 @@ class TalkerRunner:
             t2 = time.monotonic()
             if self.prefill_graphs is not None:
                 self.prefill_graphs.capture_all()
+            t3 = time.monotonic()
+            with self._on_voice_stream():
+                self.prompts.warm_up_encoders()
             self.hidden.zero_()
             self.generated.zero_()
             self.seen.zero_()
@@ -576,4 +581,4 @@ class TalkerRunner:
             torch.cuda.synchronize(self.device)
         # where start-up goes (the engine logs it; /health lists it): steps (compilation included), graph captures
         self.warmup_s = {"steps": round(t1 - t0, 1), "frame_graphs": round(t2 - t1, 1),
-                         "prefill_graphs": round(time.monotonic() - t2, 1)}
+                         "prefill_graphs": round(t3 - t2, 1), "voice_encoders": round(time.monotonic() - t3, 1)}
