@@ -70,15 +70,22 @@ def encode_parts(speaker, codec, audio: np.ndarray, device: torch.device) -> dic
 
 
 def kernel_profile(fn, device: torch.device) -> dict:
-    """Kernels launched by one call of fn, their summed device time and the call's wall time (ms)."""
+    """Kernels launched by one call of fn, their summed device time and the call's wall time (ms), and the
+    operators that launch the most kernels (count, and the kernels' names): where a launch-bound call's time goes."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         _, wall = timed(fn, device)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, int] = {}
+    for k in kernels:
+        by_name[k.name[:90]] = by_name.get(k.name[:90], 0) + 1
+    ops = sorted(((e.key, e.count) for e in prof.key_averages() if e.key.startswith("aten::")),
+                 key=lambda kv: -kv[1])
     return {"kernels": len(kernels), "kernel_ms": round(sum(e.device_time for e in kernels) / 1e3, 2),
-            "wall_ms": round(wall, 2)}
+            "wall_ms": round(wall, 2), "top_kernels": sorted(by_name.items(), key=lambda kv: -kv[1])[:12],
+            "top_ops": ops[:15]}
 
 
 def main() -> None:
@@ -124,6 +131,8 @@ def main() -> None:
             for name, p in profiles.items():
                 print(f"profile {name} ({clips[0].name}, a repeat): {p['kernels']} kernels, {p['kernel_ms']} ms of "
                       f"kernels in {p['wall_ms']} ms of wall time")
+                print("  kernels by name: " + "; ".join(f"{n} x{c}" for n, c in p["top_kernels"]))
+                print("  operators by calls: " + ", ".join(f"{n} x{c}" for n, c in p["top_ops"]))
     mean_first = statistics.mean(r["first"]["total"] for r in rows)
     mean_repeat = statistics.mean(r["repeat"]["total"] for r in rows)
     print(f"mean over {len(rows)} clips: first call {mean_first:.1f} ms, repeat {mean_repeat:.1f} ms")
