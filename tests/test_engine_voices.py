@@ -4,6 +4,8 @@ requests keep generating and are admitted meanwhile, and an encoding's error fai
 import base64
 import io
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -102,3 +104,18 @@ def test_an_encoding_error_fails_its_request_alone(base, encoder):
     prompts.encode_reference = real
     assert clone(base, ref_audio=clip_uri(0.6), ref_text="Hello.")[0] == 200  # not cached as broken
     assert clone(base, speaker_embedding=[0.1] * 64)[0] == 200
+
+
+def test_a_fresh_clone_run_brings_the_server_a_new_voice_per_request(base, tmp_path):
+    """`ttsbench run --clone-mode fresh` against the server: each request's voice is encoded (phase `voice`), though
+    all four send the same reference voice."""
+    phase = 'ttsbench_engine_phase_seconds_count{phase="voice"}'
+    before = base.metrics().get(phase, 0.0)
+    proc = subprocess.run([sys.executable, "-c", "from ttsbench.cli import app; app()", "run", "--url", base.url,
+                           "--task", "clone", "--clone-mode", "fresh", "--voice", "en_us_male", "--set", "short", "--num-requests", "3",
+                           "--concurrency", "1", "--warmup", "1", "--max-new-tokens", "4", "--no-save-audio",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "requests.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and all(r["ok"] for r in records)  # the warm-up request's record too
+    assert base.metrics()[phase] == before + 4  # a new voice each

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
+import wave
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile
 
 from ttsbench import datasets
-from ttsbench.requests import RequestBuilder, RequestOptions
+from ttsbench.requests import FRESH_BITS, RequestBuilder, RequestOptions
 
 REPO_DATASETS = Path(__file__).resolve().parent.parent / "datasets"
 
@@ -86,8 +90,6 @@ def test_builtin_sets_load_and_meet_their_counts(monkeypatch):
 @pytest.fixture
 def fixture_data(tmp_path, monkeypatch):
     """A complete small datasets folder, so builders do not depend on the built-in files."""
-    import numpy as np
-    import soundfile
     _write(tmp_path / "speakers.jsonl", [{"name": "vivian", "language": "Chinese", "description": "d"},
                                          {"name": "ryan", "language": "English", "description": "d"}])
     _write(tmp_path / "instructions.jsonl", [{"id": "i1", "text": "Whisper."}, {"id": "i2", "text": "Shout."}])
@@ -133,6 +135,28 @@ def test_design_and_clone_bodies(fixture_data):
     assert built.voice == "v1" and built.ref_audio_path == "voices/v1.wav"
     uploaded = _body("clone", clone_mode="upload")
     assert uploaded["voice"] == "v1" and "ref_audio" not in uploaded
+
+
+def test_fresh_clone_clips_are_new_voices_that_sound_the_same(fixture_data):
+    """--clone-mode fresh: every request's clip differs from every other's, this run's and another's, in the
+    lowest bit of its first samples only."""
+    prefix = "data:audio/wav;base64,"
+
+    def samples(body):
+        with wave.open(io.BytesIO(base64.b64decode(body["ref_audio"][len(prefix):]))) as w:
+            assert (w.getframerate(), w.getsampwidth(), w.getnchannels()) == (24000, 2, 1)
+            return np.frombuffer(w.readframes(w.getnframes()), "<i2")
+
+    original, _ = soundfile.read(fixture_data / "voices" / "v1.wav", dtype="int16")
+    builder = RequestBuilder("clone", RequestOptions(clone_mode="fresh"))
+    clips = [samples(json.loads(builder.build(ITEM, i).body)) for i in range(3)]
+    clips.append(samples(_body("clone", clone_mode="fresh")))  # another run's builder
+    assert len({c.tobytes() for c in clips}) == 4
+    for clip in clips:
+        assert clip.shape == original.shape and np.abs(clip.astype(int) - original).max() <= 1
+        assert (clip[FRESH_BITS:] == original[FRESH_BITS:]).all()
+    body = json.loads(builder.build(ITEM, 0).body)
+    assert body["ref_text"] == "Hello there." and body["task_type"] == "Base"
 
 
 def test_clone_unknown_voice(fixture_data):

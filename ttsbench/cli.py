@@ -72,7 +72,7 @@ def run(
     stream_format: str = typer.Option("audio", help="audio (raw bytes) or sse (speech.audio.delta events); the answer's form is always detected from its Content-Type."),
     max_new_tokens: Optional[int] = typer.Option(None, min=1, max=4096, help="Generation cap sent with each request."),
     sampling_seed: Optional[int] = typer.Option(None, help="Send this sampling seed with each request (`seed` field)."),
-    clone_mode: str = typer.Option("inline", help="clone: inline (base64 data: URI in ref_audio) or upload (POST /v1/audio/voices once, then refer by name)."),
+    clone_mode: str = typer.Option("inline", help="clone: inline (base64 data: URI in ref_audio), upload (POST /v1/audio/voices once, then refer by name), or fresh (inline, each request's clip made unique by its samples' lowest bits: a voice the server has not met, every time)."),
     timeout: float = typer.Option(300.0, min=0.001, help="Seconds before a request counts as failed (timeout)."),
     out: Optional[Path] = typer.Option(None, help="Run directory (default runs/<UTC time>-<label>)."),
     save_audio: bool = typer.Option(True, help="Save each response as audio/<id>.wav in the run directory."),

@@ -6,9 +6,14 @@ Bodies are serialised here, before the clock starts, so the client's timed secti
 from __future__ import annotations
 
 import base64
+import io
 import json
+import secrets
+import wave
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from ttsbench import datasets
 
@@ -16,7 +21,8 @@ TASK_TYPES = {"custom": "CustomVoice", "design": "VoiceDesign", "clone": "Base"}
 TASKS = tuple(TASK_TYPES)
 RESPONSE_FORMATS = ("pcm", "wav", "flac")
 STREAM_FORMATS = ("audio", "sse")
-CLONE_MODES = ("inline", "upload")
+CLONE_MODES = ("inline", "upload", "fresh")
+FRESH_BITS = 64  # fresh clone mode: samples whose lowest bit carries a request's number
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ class RequestBuilder:
         self._instructions: list[str | None] = [None]
         self._voices: list[datasets.Voice] = []
         self._data_uris: dict[str, str] = {}
+        self._fresh_next = secrets.randbits(32) << 32  # fresh clone mode: numbers no other run of this one uses
         if task == "custom":
             self._setup_custom()
         elif task == "design":
@@ -117,6 +124,28 @@ class RequestBuilder:
             self._data_uris[voice.name] = uri
         return uri
 
+    def _fresh_uri(self, voice: datasets.Voice) -> str:
+        """The voice's clip with the lowest bit of its first FRESH_BITS samples set to a number no other request of
+        any run gets: the same sound (one step of 16 bits, -90 dB), a voice new to a server that caches voices by
+        their audio, as a cloning API meets one whenever a user brings their own."""
+        number, self._fresh_next = self._fresh_next, self._fresh_next + 1
+        try:
+            with wave.open(str(voice.path), "rb") as src:
+                params, frames = src.getparams(), src.readframes(src.getnframes())
+        except (wave.Error, EOFError) as exc:
+            raise datasets.DatasetError(f"--clone-mode fresh reads 16-bit PCM WAV clips; {voice.path}: {exc}") from None
+        if params.sampwidth != 2 or params.nframes * params.nchannels < FRESH_BITS:
+            raise datasets.DatasetError(f"--clone-mode fresh reads 16-bit PCM WAV clips of at least {FRESH_BITS} "
+                                        f"samples; {voice.path} is not one")
+        samples = np.frombuffer(frames, "<i2").copy()
+        bits = (number >> np.arange(FRESH_BITS, dtype=np.uint64)) & 1
+        samples[:FRESH_BITS] = (samples[:FRESH_BITS] & ~1) | bits.astype(np.int16)
+        out = io.BytesIO()
+        with wave.open(out, "wb") as dst:
+            dst.setparams(params)
+            dst.writeframes(samples.tobytes())
+        return "data:audio/wav;base64," + base64.b64encode(out.getvalue()).decode("ascii")
+
     def build(self, item: datasets.Item, index: int) -> SpeechRequest:
         opts = self.options
         body: dict = {"input": item.text}
@@ -138,7 +167,7 @@ class RequestBuilder:
             if opts.clone_mode == "upload":
                 body["voice"] = ref.name
             else:
-                body["ref_audio"] = self._data_uri(ref)
+                body["ref_audio"] = self._fresh_uri(ref) if opts.clone_mode == "fresh" else self._data_uri(ref)
                 body["ref_text"] = ref.ref_text
         body["response_format"] = opts.format()
         body["stream"] = opts.stream
