@@ -18,7 +18,8 @@
 #   table   benchmarks/gpu_table.py: one table of everything above
 #
 # Knobs (environment): OUT (results; default /tmp/gpu_bench), SIZE (0.6B | 1.7B), LEVELS (1,8,32,64,128),
-# TASKS (custom clone), SETS (short long), SERVE_ARGS (extra `ttsbench serve` options), DECODE_ARGS,
+# TASKS (custom clone), SETS (short long), SERVE_ARGS (extra `ttsbench serve` options), RUN_ARGS (extra `ttsbench
+# run` options, e.g. --clone-mode fresh: a new voice per clone request), DECODE_ARGS,
 # CODEC_DTYPES, CODEC_ARGS, PEER_STAGES (fastB official), WHEELS (folder of wheels to install first; default
 # .peer-bench/whl/common),
 # TEXT_VOCAB (tiktoken ranks of the checkpoints' text tokenizer; default: Qwen's qwen.tiktoken out of a dashscope
@@ -121,7 +122,7 @@ EOF
           rm -f "$WORK/server-requests.jsonl"
           ttsbench run --url http://127.0.0.1:8091 --task $task --set $set_ --concurrency $c --num-requests $n \
             --max-new-tokens 900 --warmup 1 --no-save-audio --timeout 240 --out "$WORK/runs/$task-$set_-c$c" \
-            --label "$task-$set_-c$c" > "$WORK/run-last.log" 2>&1 || tail -5 "$WORK/run-last.log"
+            --label "$task-$set_-c$c" ${RUN_ARGS:-} > "$WORK/run-last.log" 2>&1 || tail -5 "$WORK/run-last.log"
           python3 - "$WORK/runs/$task-$set_-c$c/summary.json" <<'EOF'
 import json, sys
 try:
