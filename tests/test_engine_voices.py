@@ -119,3 +119,42 @@ def test_a_fresh_clone_run_brings_the_server_a_new_voice_per_request(base, tmp_p
     records = [json.loads(line) for line in (tmp_path / "run" / "requests.jsonl").read_text().splitlines()]
     assert len(records) == 4 and all(r["ok"] for r in records)  # the warm-up request's record too
     assert base.metrics()[phase] == before + 4  # a new voice each
+
+
+def test_a_burst_of_one_new_clip_is_decoded_and_encoded_once(base, encoder, monkeypatch):
+    """Four requests bring the same new clip at once: the server decodes it once (the others wait for that
+    decoding, held here until all four handlers have the clip) and the engine encodes its voice in one job on
+    its voice thread, which all four wait for."""
+    prompts, real = encoder
+    server = base.server
+    arrived, decoded, encoded = [], [], []
+    inline, decode = server._inline_clip, server._decode_clip
+
+    async def counted_inline(ref):
+        arrived.append(1)
+        return await inline(ref)
+
+    def held_decode(data, param):
+        for _ in range(600):  # until every handler has the clip (or 30 s)
+            if len(arrived) == 4:
+                break
+            threading.Event().wait(0.05)
+        decoded.append(1)
+        return decode(data, param)
+
+    monkeypatch.setattr(server, "_inline_clip", counted_inline)
+    monkeypatch.setattr(server, "_decode_clip", held_decode)
+    prompts.encode_reference = lambda audio: encoded.append(1) or real(audio)
+    runner, jobs = base.server.engine.runner, []
+    encode_voice = runner.encode_voice
+    monkeypatch.setattr(runner, "encode_voice", lambda request: jobs.append(1) or encode_voice(request))
+    uri = clip_uri(0.55)
+    results: list = []
+    threads = [threading.Thread(target=lambda i=i: results.append(clone(base, ref_audio=uri, ref_text="Hello.",
+                                                                         seed=i))) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(r[0] for r in results) == [200] * 4 and len(arrived) == 4
+    assert len(decoded) == 1 and len(encoded) == 1 and len(jobs) == 1  # one job on the voice thread, not four

@@ -54,6 +54,7 @@ class SpeechServer:
         self._startup_error: str | None = None
         self._start_task: asyncio.Task | None = None
         self._clips = LRU(INLINE_CLIP_CACHE)  # decoded inline clips by a hash (_inline_clip)
+        self._decoding: dict[str, asyncio.Future] = {}  # the clips being decoded, by the same hash
 
     # --- app ----------------------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
@@ -402,7 +403,9 @@ class SpeechServer:
         390 ms per request while every clip was decoded anew (docs/performance.md). A data: URI is keyed by its
         text, so a repeat skips the base64 decoding as well (a 175 kB WAV's repeat: 0.72 -> 0.19-0.22 ms of the
         event loop on the 2-core development VM, for every request of a burst of clones); a URL by the file it
-        fetched."""
+        fetched. Requests that bring a clip while it is being decoded wait for that decoding: a burst's requests
+        all arrive before the first decoding ends, and each decoded its clip anew (a first wave of 128 clones of 8
+        voices: 128 decodings, accept 86 / 116 ms p50 / p95 on an H100 host, against 0.1 for custom voice)."""
         if ref.startswith(("http://", "https://")):
             data = await _fetch_url(ref)
             key = "inline:" + hashlib.sha256(data).hexdigest()
@@ -411,16 +414,25 @@ class SpeechServer:
         clip = self._clips.get(key)
         if clip is not None:
             return clip, key
-        if data is None:
-            try:
-                data = audio.decode_data_uri(ref)
-            except audio.AudioError as exc:
-                raise bad_request(str(exc), "ref_audio", "invalid_audio") from None
-        if len(data) > MAX_VOICE_UPLOAD_BYTES:
-            raise APIError(413, "ref_audio is larger than 10 MB", param="ref_audio", code="file_too_large")
-        clip = await asyncio.get_running_loop().run_in_executor(None, self._decode_clip, data, "ref_audio")
-        self._clips.put(key, clip)
-        return clip, key
+        decoding = self._decoding.get(key)
+        if decoding is None:
+            if data is None:
+                try:
+                    data = audio.decode_data_uri(ref)
+                except audio.AudioError as exc:
+                    raise bad_request(str(exc), "ref_audio", "invalid_audio") from None
+            if len(data) > MAX_VOICE_UPLOAD_BYTES:
+                raise APIError(413, "ref_audio is larger than 10 MB", param="ref_audio", code="file_too_large")
+            decoding = asyncio.get_running_loop().run_in_executor(None, self._decode_clip, data, "ref_audio")
+            self._decoding[key] = decoding
+            decoding.add_done_callback(lambda done: self._decoded(key, done))
+        # shielded: a client that leaves cancels its own wait, not the decoding the others wait for
+        return await asyncio.shield(decoding), key
+
+    def _decoded(self, key: str, done: asyncio.Future) -> None:
+        del self._decoding[key]
+        if not done.cancelled() and done.exception() is None:
+            self._clips.put(key, done.result())
 
     @staticmethod
     def _decode_clip(data: bytes, param: str) -> np.ndarray:

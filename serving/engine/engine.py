@@ -195,7 +195,8 @@ class Engine:
         self._talker_pool = ThreadPoolExecutor(1, thread_name_prefix="talker")
         self._codec_pool = ThreadPoolExecutor(1, thread_name_prefix="codec")
         self._voice_pool = ThreadPoolExecutor(1, thread_name_prefix="voices")  # new voices' encoders
-        self._voice_tasks: set[asyncio.Task] = set()
+        self._voice_tasks: set[asyncio.Task] = set()  # requests waiting on their voice
+        self._voice_jobs: dict[str, asyncio.Future] = {}  # the voices being encoded, by voice key
         self._wake_talker = asyncio.Event()
         self._wake_codec = asyncio.Event()
         self._codec_streams: list[RequestStream] = []
@@ -278,28 +279,45 @@ class Engine:
         self.scheduler.submit(stream)
         if self.runner.needs_voice(request):
             stream.voice_pending = True
-            task = asyncio.get_running_loop().create_task(self._encode_voice(stream))
+            task = asyncio.get_running_loop().create_task(self._await_voice(stream, self._voice_job(request)))
             self._voice_tasks.add(task)
             task.add_done_callback(self._voice_tasks.discard)
         self._wake_talker.set()
         return stream
 
-    async def _encode_voice(self, stream: RequestStream) -> None:
-        """Encode a request's new reference voice on the voice thread, then let it take a slot. The talker keeps
-        stepping meanwhile and admits ready requests that came later; requests of a voice already being encoded
-        queue behind it on the one thread and find it cached."""
-        t0 = time.monotonic()
+    def _voice_job(self, request: GenerationRequest) -> asyncio.Future:
+        """The encoding of a request's new voice on the voice thread, one per voice: the requests of a voice that
+        is being encoded (a burst's, all sent with the same clip) wait for the same job."""
+        key = request.voice_key
+        job = self._voice_jobs.get(key) if key is not None else None
+        if job is None:
+            t0 = time.monotonic()
+            job = asyncio.get_running_loop().run_in_executor(self._voice_pool, self.runner.encode_voice, request)
+            job.add_done_callback(lambda done: self._voice_done(key, done, t0))
+            if key is not None:
+                self._voice_jobs[key] = job
+        return job
+
+    def _voice_done(self, key: str | None, job: asyncio.Future, t0: float) -> None:
+        if key is not None:
+            del self._voice_jobs[key]
+        if job.cancelled():
+            return
+        if job.exception() is None:
+            self.observe("voice", time.monotonic() - t0)
+        elif not isinstance(job.exception(), ValueError):
+            log.error("encoding a reference voice failed", exc_info=job.exception())
+
+    async def _await_voice(self, stream: RequestStream, job: asyncio.Future) -> None:
+        """Let a request take a slot once its voice is encoded. The talker keeps stepping meanwhile and admits
+        ready requests that came later."""
         try:
-            voice = await asyncio.get_running_loop().run_in_executor(self._voice_pool, self.runner.encode_voice,
-                                                                     stream.request)
+            voice = await asyncio.shield(job)  # a request that is cancelled does not cancel its voice's job
         except Exception as exc:
-            if not isinstance(exc, ValueError):
-                log.exception("encoding a reference voice failed")
             if self.scheduler.remove_waiting(stream):  # else its client left
                 self._fail(stream, RequestFailed(str(exc), 400) if isinstance(exc, ValueError)
                            else RequestFailed(f"encoding the reference audio failed: {type(exc).__name__}"))
             return
-        self.observe("voice", time.monotonic() - t0)
         stream.request.encoded_voice = voice
         stream.voice_pending = False
         self._wake_talker.set()
