@@ -247,3 +247,40 @@ def test_a_reused_slot_starts_afresh(runner, decoder):
     stream_through(runner, new_stream(), codes(9, 11))
     frames = codes(9, 12)
     assert np.abs(stream_through(runner, new_stream(2, 3), frames) - one_shot(decoder, frames)).max() < 1e-4
+
+
+def test_with_the_talkers_stream_every_call_runs_on_it(runner, decoder, monkeypatch):
+    """--codec-stream talker: each decode call, priming included, enqueues its work on the stream it is given
+    (a CUDA stream; recorded here), and decodes what it decodes on its own."""
+    frames, prime = codes(30, 7), codes(12, 8)
+    want = stream_through(runner, new_stream(2, 25, prime), frames)
+    entered = []
+
+    class Recorded:
+        def __init__(self, stream):
+            entered.append(stream)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "stream", Recorded)
+    runner._primed.clear()
+    runner.stream = talker_stream = object()
+    assert runner.describe()["codec_stream"] == "talker"
+    got = stream_through(runner, new_stream(2, 25, prime), frames)
+    np.testing.assert_array_equal(got, want)
+    assert entered and all(s is talker_stream for s in entered)
+
+
+def test_the_talkers_stream_needs_both_stages_on_one_cuda_device():
+    from serving.engine.engine import EngineConfig
+    from serving.engine.loader import check_placement
+
+    with pytest.raises(ValueError, match="codec_stream must be own or talker"):
+        EngineConfig(model="m", codec_stream="shared")
+    with pytest.raises(ValueError, match="needs both stages on one CUDA device"):
+        check_placement(EngineConfig(model="m", talker_device="cpu", codec_stream="talker"))
+    check_placement(EngineConfig(model="m", talker_device="cpu"))

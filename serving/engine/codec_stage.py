@@ -17,6 +17,7 @@ On a GPU each call replays a CUDA graph of the step for the smallest (batch, fra
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
@@ -167,6 +168,11 @@ class CodecRunner:
         self._host: torch.Tensor | None = None  # pinned landing buffer of the waveforms (GPU only, see _to_host)
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
         self._primed = LRU(primed_cache_size)  # reference codes' hash -> the state priming leaves
+        # None: calls go on the codec thread's own (default) stream, beside the talker's. The talker's stream
+        # (--codec-stream talker): the GPU runs the two stages' work in turn. Side by side, a 128-row step took 3x as
+        # long beside a codec call and the call ~1.2x (H100, docs/performance.md twelfth pass); in turn, each takes
+        # its own time and waits for the other's.
+        self.stream: torch.cuda.Stream | None = None
 
     @property
     def num_slots(self) -> int:
@@ -196,7 +202,8 @@ class CodecRunner:
         param = next(self.pool.decoder.parameters())
         d = {"codec_device": str(param.device), "codec_dtype": str(param.dtype).removeprefix("torch."),
              "codec_slots": self.num_slots, "codec_fused_activations": self.fused_activations,
-             "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
+             "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1),
+             "codec_stream": "own" if self.stream is None else "talker"}
         report = self.graph_report or CodecGraphReport((), (), 0, self.graph_budget_bytes)
         return d | report.describe()
 
@@ -205,6 +212,10 @@ class CodecRunner:
         """One float32 waveform per chunk: its new frames' samples."""
         if not chunks:
             return []
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            return self._decode(chunks)
+
+    def _decode(self, chunks: list[CodecChunk]) -> list[np.ndarray]:
         self._prime([c for c in chunks if c.prime is not None])
         rows = [(c.slot, c.codes, c.first and c.prime is None) for c in chunks]
         self._check(rows)
