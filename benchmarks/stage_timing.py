@@ -1,13 +1,15 @@
 """Where a served frame's time goes, stage by stage, in one process on one GPU (no HTTP).
 
-    python benchmarks/stage_timing.py --model DIR [--json OUT.json] [--priorities -1,0]
+    python benchmarks/stage_timing.py --model DIR [--json OUT.json] [--priorities -1,0] [--codec-stream talker]
 
 Times, on a random checkpoint (--load-format dummy): the batched prefill of new requests (short and long
 texts, 1 to 128 at once); the codec stage's decode call by chunk size and batch; the talker's decode step
 alone and while the codec thread decodes at the same time (both stages share the GPU and the Python
-interpreter), and the codec call while the talker steps, under each talker stream priority asked for. These
-are the terms of the first-audio latency (prefill + first_chunk_frames steps + one codec call) and of the
-served throughput (steps/s vs codec calls/s).
+interpreter), and the codec call while the talker steps, under each talker stream priority asked for; then
+both looping at once for a few seconds, as at full load: steps and calls per second, and their work rate against
+each one's stand-alone rate. These are the terms of the first-audio latency (prefill + first_chunk_frames steps
++ one codec call) and of the served throughput (steps/s vs codec calls/s). --codec-stream talker puts the codec's
+calls on the talker's stream, as `ttsbench serve --codec-stream talker` does: the stages then run in turn.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def main() -> None:
     ap.add_argument("--priorities", default="0",
                     help="talker stream priorities to compare side by side with the codec, e.g. -1,0 (lower goes "
                          "first; the codec's stream has 0, as the talker's in the stack)")
+    ap.add_argument("--codec-stream", default="own", choices=("own", "talker"),
+                    help="the codec's calls on their own stream (side by side with the talker) or the talker's (in turn)")
     args = ap.parse_args()
 
     from serving.engine.codec_stage import CodecChunk
@@ -60,7 +64,7 @@ def main() -> None:
     priorities = [int(p) for p in args.priorities.split(",")]
 
     config = EngineConfig(model=args.model, load_format="dummy", max_batch_size=128, max_model_len=1024,
-                          ignore_eos=True)
+                          ignore_eos=True, codec_stream=args.codec_stream)
     runner, codec, _info = load_stages(config)
     t0 = time.perf_counter()
     runner.warmup()
@@ -106,19 +110,47 @@ def main() -> None:
     out["codec_call_ms"] = codec_ms
     print("codec call ms:", codec_ms, flush=True)
 
-    def talker_steps(b: int, stop: threading.Event) -> None:
-        """Step b rows until told to stop, as the talker thread does (re-prefilled before the slots fill up)."""
+    def talker_steps(b: int, stop: threading.Event, done: list | None = None) -> None:
+        """Step b rows until told to stop, as the talker thread does (re-prefilled before the slots fill up);
+        counts the steps in done[0]."""
         while not stop.is_set():
             if runner.lengths[0] > 900:  # stay inside the KV slot, as the engine's frame limit does
                 release_all()
                 runner.prefill_many([(i, request(SHORT)) for i in range(b)])
             runner.decode_step(b)
+            if done is not None:
+                done[0] += 1
 
-    def codec_calls(stop: threading.Event) -> None:
+    def codec_calls(stop: threading.Event, done: list | None = None) -> None:
         first = True
         while not stop.is_set():
             codec.decode([CodecChunk(s, codes(25), first) for s in range(min(16, codec.num_slots))])
             first = False
+            if done is not None:
+                done[0] += 1
+
+    def together(b: int, step_alone_ms: float, call_alone_ms: float, seconds: float = 3.0) -> dict:
+        """Both stages looping at once, each in its own thread, for `seconds`: steps and b16x25 calls per second,
+        and the work rate, steps/s over the step's stand-alone rate plus calls/s over the call's: 1 is as fast as
+        running them in turn at their stand-alone times, more is what running them side by side gains."""
+        release_all()
+        runner.prefill_many([(i, request(SHORT)) for i in range(b)])
+        stop, steps, calls = threading.Event(), [0], [0]
+        threads = [threading.Thread(target=talker_steps, args=(b, stop, steps)),
+                   threading.Thread(target=codec_calls, args=(stop, calls))]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        start = (steps[0], calls[0], time.perf_counter())
+        time.sleep(seconds)
+        end = (steps[0], calls[0], time.perf_counter())
+        stop.set()
+        for t in threads:
+            t.join()
+        wall = end[2] - start[2]
+        steps_s, calls_s = (end[0] - start[0]) / wall, (end[1] - start[1]) / wall
+        return {"steps_per_s": round(steps_s, 1), "calls_per_s": round(calls_s, 1),
+                "work_rate": round(steps_s * step_alone_ms / 1e3 + calls_s * call_alone_ms / 1e3, 2)}
 
     def beside(background, measure):
         """measure() while background(stop) runs in its own thread, as the other stage's thread runs."""
@@ -139,6 +171,8 @@ def main() -> None:
     for priority in priorities:
         torch.cuda.synchronize()
         runner.stream = torch.cuda.Stream(runner.device, priority=priority)
+        if args.codec_stream == "talker":
+            codec.stream = runner.stream
         cells = {}
         for b in (1, 32, 128):
             release_all()
@@ -151,6 +185,8 @@ def main() -> None:
             for batch, frames in ((1, 25), (16, 25)):
                 cells[f"codec b{batch}x{frames}, talker b{b} stepping beside"] = beside(
                     lambda stop: talker_steps(b, stop), lambda: codec_call_ms(batch, frames, device_sync=False))
+            cells[f"together: talker b{b} and codec b16x25 looping"] = together(
+                b, cells[f"talker b{b} alone"], codec_ms["b16 x25 frames"])
         contended[f"talker stream priority {priority}"] = cells
         print(f"talker stream priority {priority} (codec's: 0):", cells, flush=True)
     out["contended_ms"] = contended
