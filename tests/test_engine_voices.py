@@ -158,3 +158,82 @@ def test_a_burst_of_one_new_clip_is_decoded_and_encoded_once(base, encoder, monk
         t.join(60)
     assert sorted(r[0] for r in results) == [200] * 4 and len(arrived) == 4
     assert len(decoded) == 1 and len(encoded) == 1 and len(jobs) == 1  # one job on the voice thread, not four
+
+
+def test_a_client_that_leaves_while_its_voice_is_encoded_frees_its_place_and_the_voice_is_kept(base, encoder):
+    """Two requests wait on one new voice's encoding and the first one's client leaves: it leaves the queue at once,
+    the encoding goes on, the second request is served, and the voice stays cached."""
+    prompts, real = encoder
+    engine = base.server.engine
+    entered, release, encoded = threading.Event(), threading.Event(), []
+
+    def held(audio):
+        encoded.append(1)
+        entered.set()
+        assert release.wait(60)
+        return real(audio)
+
+    prompts.encode_reference = held
+    uri = clip_uri(0.45)
+    leaving = threading.Thread(target=_leave, args=(base, uri))
+    staying: list = []
+    stays = threading.Thread(target=lambda: staying.append(clone(base, ref_audio=uri, ref_text="Hello.")))
+    try:
+        leaving.start()
+        assert entered.wait(30)
+        stays.start()
+        for _ in range(200):
+            if engine.scheduler.num_waiting == 2:
+                break
+            threading.Event().wait(0.05)
+        leaving.join(30)
+        for _ in range(200):  # the leaver's handler is cancelled as its connection closes
+            if engine.scheduler.num_waiting == 1:
+                break
+            threading.Event().wait(0.05)
+        assert engine.scheduler.num_waiting == 1 and not release.is_set()
+    finally:
+        release.set()
+        stays.join(60)
+    assert staying[0][0] == 200 and len(staying[0][2]) == FRAMES * 1920 * 2
+    assert clone(base, ref_audio=uri, ref_text="Hello.")[0] == 200 and len(encoded) == 1
+
+
+def _leave(server, uri):
+    """Send a clone and close the connection after a second, before any answer."""
+    try:
+        post_json(server.url + "/v1/audio/speech", {"input": "Cloned speech.", "max_new_tokens": FRAMES,
+                                                    "ref_audio": uri, "ref_text": "Hello.",
+                                                    "response_format": "pcm"}, timeout=1.0)
+    except OSError:  # the client's timeout: it left
+        pass
+
+
+def test_a_client_that_leaves_while_its_clip_is_decoded_does_not_fail_the_others(base, monkeypatch):
+    """Requests that wait on one clip's decoding share it; the first one's client leaving cancels its own wait,
+    not the decoding (shielded), so the second is served and the clip is decoded once."""
+    server = base.server
+    entered, release, decoded = threading.Event(), threading.Event(), []
+    decode = server._decode_clip
+
+    def held(data, param):
+        decoded.append(1)
+        entered.set()
+        assert release.wait(60)
+        return decode(data, param)
+
+    monkeypatch.setattr(server, "_decode_clip", held)
+    uri = clip_uri(0.35)
+    leaving = threading.Thread(target=_leave, args=(base, uri))
+    staying: list = []
+    stays = threading.Thread(target=lambda: staying.append(clone(base, ref_audio=uri, ref_text="Hello.")))
+    try:
+        leaving.start()
+        assert entered.wait(30)
+        stays.start()
+        leaving.join(30)
+        threading.Event().wait(0.5)  # the leaver's handler is cancelled as its connection closes
+    finally:
+        release.set()
+        stays.join(60)
+    assert staying[0][0] == 200 and len(staying[0][2]) == FRAMES * 1920 * 2 and len(decoded) == 1

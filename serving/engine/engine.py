@@ -315,7 +315,7 @@ class Engine:
         """Let a request take a slot once its voice is encoded. The talker keeps stepping meanwhile and admits
         ready requests that came later."""
         try:
-            voice = await asyncio.shield(job)  # a request that is cancelled does not cancel its voice's job
+            voice = await job  # a client that leaves does not cancel this task: only shutdown does
         except Exception as exc:
             if self.scheduler.remove_waiting(stream):  # else its client left
                 self._fail(stream, RequestFailed(str(exc), 400) if isinstance(exc, ValueError)
