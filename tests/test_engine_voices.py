@@ -1,6 +1,7 @@
 """A voice clone's new reference voice is encoded on the engine's voice thread, beside the talker's steps: other
 requests keep generating and are admitted meanwhile, and an encoding's error fails only its own request."""
 
+import asyncio
 import base64
 import io
 import json
@@ -17,11 +18,46 @@ from tests.server_fixtures import ServerThread, post_json
 pytestmark = pytest.mark.slow
 VOICE_WAV = Path(__file__).resolve().parents[1] / "datasets" / "voices" / "en_us_female.wav"
 FRAMES = 5
+AUDIO_BYTES = FRAMES * 1920 * 2  # a clone's PCM
+VOICES_ENCODED = 'ttsbench_engine_phase_seconds_count{phase="voice"}'  # /metrics: new voices encoded so far
 
 
-def clone(server, **fields):
+def clone(server, timeout=60.0, **fields):
     body = {"input": "Cloned speech.", "max_new_tokens": FRAMES, "seed": 3, "response_format": "pcm", **fields}
-    return post_json(server.url + "/v1/audio/speech", body, timeout=60)
+    return post_json(server.url + "/v1/audio/speech", body, timeout=timeout)
+
+
+def leave(server, uri):
+    """Send a clone and close the connection after a second, before any answer."""
+    try:
+        clone(server, timeout=1.0, ref_audio=uri, ref_text="Hello.")
+    except OSError:  # the client's timeout: it left
+        pass
+
+
+def wait_until(condition, seconds=10.0):
+    for _ in range(int(seconds / 0.05)):
+        if condition():
+            return True
+        threading.Event().wait(0.05)
+    return condition()
+
+
+class Held:
+    """A function that counts its calls and, once entered, waits for release() before running."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+        self.entered, self.released = threading.Event(), threading.Event()
+
+    def __call__(self, *args):
+        self.calls += 1
+        self.entered.set()
+        assert self.released.wait(60)
+        return self.fn(*args)
+
+    def release(self):
+        self.released.set()
 
 
 def clip_uri(gain: float) -> str:
@@ -64,32 +100,24 @@ def test_requests_run_while_a_new_voice_is_encoded(base, encoder):
     admitted and finishes meanwhile. Released, the clone is served as the same request is once its voice is
     cached, and phase `voice` has one observation more."""
     prompts, real = encoder
-    entered, release = threading.Event(), threading.Event()
-
-    def held(audio):
-        entered.set()
-        assert release.wait(60)
-        return real(audio)
-
-    prompts.encode_reference = held
-    phase = 'ttsbench_engine_phase_seconds_count{phase="voice"}'
-    voices_before = base.metrics().get(phase, 0.0)
+    prompts.encode_reference = held = Held(real)
+    voices_before = base.metrics().get(VOICES_ENCODED, 0.0)
     uri = clip_uri(0.7)
     first: list = []
     clone_thread = threading.Thread(target=lambda: first.append(clone(base, ref_audio=uri, ref_text="Hello.", seed=9)))
     clone_thread.start()
     try:
-        assert entered.wait(30)
+        assert held.entered.wait(30)
         status, _, audio = clone(base, speaker_embedding=[0.1] * 64)
-        assert status == 200 and len(audio) == FRAMES * 1920 * 2
-        assert not release.is_set() and clone_thread.is_alive()  # the clone still waits on its voice
+        assert status == 200 and len(audio) == AUDIO_BYTES
+        assert not held.released.is_set() and clone_thread.is_alive()  # the clone still waits on its voice
     finally:
-        release.set()
+        held.release()
         clone_thread.join(60)
-    assert first[0][0] == 200 and len(first[0][2]) == FRAMES * 1920 * 2
+    assert first[0][0] == 200 and len(first[0][2]) == AUDIO_BYTES
     again = clone(base, ref_audio=uri, ref_text="Hello.", seed=9)  # its voice cached now: no encoding
     assert again[0] == 200 and again[2] == first[0][2]
-    assert base.metrics()[phase] == voices_before + 1
+    assert base.metrics()[VOICES_ENCODED] == voices_before + 1
 
 
 def test_an_encoding_error_fails_its_request_alone(base, encoder):
@@ -109,16 +137,15 @@ def test_an_encoding_error_fails_its_request_alone(base, encoder):
 def test_a_fresh_clone_run_brings_the_server_a_new_voice_per_request(base, tmp_path):
     """`ttsbench run --clone-mode fresh` against the server: each request's voice is encoded (phase `voice`), though
     all four send the same reference voice."""
-    phase = 'ttsbench_engine_phase_seconds_count{phase="voice"}'
-    before = base.metrics().get(phase, 0.0)
+    before = base.metrics().get(VOICES_ENCODED, 0.0)
     proc = subprocess.run([sys.executable, "-c", "from ttsbench.cli import app; app()", "run", "--url", base.url,
-                           "--task", "clone", "--clone-mode", "fresh", "--voice", "en_us_male", "--set", "short", "--num-requests", "3",
-                           "--concurrency", "1", "--warmup", "1", "--max-new-tokens", "4", "--no-save-audio",
-                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+                           "--task", "clone", "--clone-mode", "fresh", "--voice", "en_us_male", "--set", "short",
+                           "--num-requests", "3", "--concurrency", "1", "--warmup", "1", "--max-new-tokens", "4",
+                           "--no-save-audio", "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     records = [json.loads(line) for line in (tmp_path / "run" / "requests.jsonl").read_text().splitlines()]
     assert len(records) == 4 and all(r["ok"] for r in records)  # the warm-up request's record too
-    assert base.metrics()[phase] == before + 4  # a new voice each
+    assert base.metrics()[VOICES_ENCODED] == before + 4  # a new voice each
 
 
 def test_a_burst_of_one_new_clip_is_decoded_and_encoded_once(base, encoder, monkeypatch):
@@ -135,10 +162,7 @@ def test_a_burst_of_one_new_clip_is_decoded_and_encoded_once(base, encoder, monk
         return await inline(ref)
 
     def held_decode(data, param):
-        for _ in range(600):  # until every handler has the clip (or 30 s)
-            if len(arrived) == 4:
-                break
-            threading.Event().wait(0.05)
+        wait_until(lambda: len(arrived) == 4, 30)  # every handler has the clip
         decoded.append(1)
         return decode(data, param)
 
@@ -164,76 +188,54 @@ def test_a_client_that_leaves_while_its_voice_is_encoded_frees_its_place_and_the
     """Two requests wait on one new voice's encoding and the first one's client leaves: it leaves the queue at once,
     the encoding goes on, the second request is served, and the voice stays cached."""
     prompts, real = encoder
-    engine = base.server.engine
-    entered, release, encoded = threading.Event(), threading.Event(), []
-
-    def held(audio):
-        encoded.append(1)
-        entered.set()
-        assert release.wait(60)
-        return real(audio)
-
-    prompts.encode_reference = held
+    waiting = lambda: base.server.engine.scheduler.num_waiting  # noqa: E731
+    prompts.encode_reference = held = Held(real)
     uri = clip_uri(0.45)
-    leaving = threading.Thread(target=_leave, args=(base, uri))
+    leaving = threading.Thread(target=leave, args=(base, uri))
     staying: list = []
     stays = threading.Thread(target=lambda: staying.append(clone(base, ref_audio=uri, ref_text="Hello.")))
     try:
         leaving.start()
-        assert entered.wait(30)
+        assert held.entered.wait(30)
         stays.start()
-        for _ in range(200):
-            if engine.scheduler.num_waiting == 2:
-                break
-            threading.Event().wait(0.05)
+        assert wait_until(lambda: waiting() == 2)
         leaving.join(30)
-        for _ in range(200):  # the leaver's handler is cancelled as its connection closes
-            if engine.scheduler.num_waiting == 1:
-                break
-            threading.Event().wait(0.05)
-        assert engine.scheduler.num_waiting == 1 and not release.is_set()
+        assert wait_until(lambda: waiting() == 1)  # the leaver's handler is cancelled as its connection closes
+        assert not held.released.is_set()
     finally:
-        release.set()
+        held.release()
         stays.join(60)
-    assert staying[0][0] == 200 and len(staying[0][2]) == FRAMES * 1920 * 2
-    assert clone(base, ref_audio=uri, ref_text="Hello.")[0] == 200 and len(encoded) == 1
-
-
-def _leave(server, uri):
-    """Send a clone and close the connection after a second, before any answer."""
-    try:
-        post_json(server.url + "/v1/audio/speech", {"input": "Cloned speech.", "max_new_tokens": FRAMES,
-                                                    "ref_audio": uri, "ref_text": "Hello.",
-                                                    "response_format": "pcm"}, timeout=1.0)
-    except OSError:  # the client's timeout: it left
-        pass
+    assert staying[0][0] == 200 and len(staying[0][2]) == AUDIO_BYTES
+    assert clone(base, ref_audio=uri, ref_text="Hello.")[0] == 200 and held.calls == 1
 
 
 def test_a_client_that_leaves_while_its_clip_is_decoded_does_not_fail_the_others(base, monkeypatch):
     """Requests that wait on one clip's decoding share it; the first one's client leaving cancels its own wait,
     not the decoding (shielded), so the second is served and the clip is decoded once."""
     server = base.server
-    entered, release, decoded = threading.Event(), threading.Event(), []
-    decode = server._decode_clip
+    held, left = Held(server._decode_clip), []
+    inline = server._inline_clip
 
-    def held(data, param):
-        decoded.append(1)
-        entered.set()
-        assert release.wait(60)
-        return decode(data, param)
+    async def noting_who_leaves(ref):
+        try:
+            return await inline(ref)
+        except asyncio.CancelledError:
+            left.append(1)
+            raise
 
     monkeypatch.setattr(server, "_decode_clip", held)
+    monkeypatch.setattr(server, "_inline_clip", noting_who_leaves)
     uri = clip_uri(0.35)
-    leaving = threading.Thread(target=_leave, args=(base, uri))
+    leaving = threading.Thread(target=leave, args=(base, uri))
     staying: list = []
     stays = threading.Thread(target=lambda: staying.append(clone(base, ref_audio=uri, ref_text="Hello.")))
     try:
         leaving.start()
-        assert entered.wait(30)
+        assert held.entered.wait(30)
         stays.start()
         leaving.join(30)
-        threading.Event().wait(0.5)  # the leaver's handler is cancelled as its connection closes
+        assert wait_until(lambda: left)  # the leaver's handler is cancelled as its connection closes
     finally:
-        release.set()
+        held.release()
         stays.join(60)
-    assert staying[0][0] == 200 and len(staying[0][2]) == FRAMES * 1920 * 2 and len(decoded) == 1
+    assert staying[0][0] == 200 and len(staying[0][2]) == AUDIO_BYTES and held.calls == 1

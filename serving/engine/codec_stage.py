@@ -153,10 +153,11 @@ class CodecRunner:
 
     def __init__(self, decoder: torch.nn.Module, device: torch.device, num_quantizers: int, num_slots: int,
                  graph_buckets: tuple[tuple[int, int], ...] = (), graph_budget_bytes: int | None = None,
-                 primed_cache_size: int = 32):
+                 primed_cache_size: int = 32, stream: torch.cuda.Stream | None = None):
         """graph_buckets: (batch, frames) shapes to capture at warm-up (none: every call runs eagerly);
         graph_budget_bytes: the most memory they may take (None: no limit), the largest dropped first;
-        primed_cache_size: states after priming kept, one per distinct reference (see _prime)."""
+        primed_cache_size: states after priming kept, one per distinct reference (see _prime);
+        stream: the CUDA stream its calls go on (below)."""
         self.pool = IncrementalCodecDecoder(decoder, num_slots)
         self.device = device
         self.num_quantizers = num_quantizers
@@ -172,7 +173,7 @@ class CodecRunner:
         # (--codec-stream talker): the GPU runs the two stages' work in turn. Side by side, a 128-row step took 3x as
         # long beside a codec call and the call ~1.2x (H100, docs/performance.md twelfth pass); in turn, each takes
         # its own time and waits for the other's.
-        self.stream: torch.cuda.Stream | None = None
+        self.stream = stream
 
     @property
     def num_slots(self) -> int:

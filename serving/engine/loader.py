@@ -142,9 +142,8 @@ def load_stages(config):
                                num_slots=num_slots + config.max_codec_batch,
                                graph_buckets=codec_graph_buckets(config, codec_device),
                                graph_budget_bytes=None if config.codec_graph_memory_gb is None
-                               else int(config.codec_graph_memory_gb * 1024**3))
-    if config.codec_stream == "talker":
-        codec_runner.stream = runner.stream
+                               else int(config.codec_graph_memory_gb * 1024**3),
+                               stream=runner.stream if config.codec_stream == "talker" else None)
     task_type = TASK_TYPES[model_cfg.tts_model_type]
     info = EngineInfo(
         model_name=config.model_name or path.name,

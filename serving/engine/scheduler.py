@@ -72,11 +72,9 @@ class Scheduler(Generic[T]):
     def admit(self, limit: int | None = None) -> list[tuple[int, T]]:
         """Move ready waiting requests into free slots (lowest first) in their order of arrival, at most `limit` of
         them: (slot, item) pairs."""
-        free = self.num_free
-        if not free or not self.waiting:
-            return []
-        admitted, kept = [], deque()
-        while self.waiting and len(admitted) < min(free, limit if limit is not None else free):
+        most = self.num_free if limit is None else min(limit, self.num_free)
+        admitted, kept = [], []
+        while self.waiting and len(admitted) < most:
             item = self.waiting.popleft()
             if not self.ready(item):
                 kept.append(item)
@@ -84,8 +82,7 @@ class Scheduler(Generic[T]):
             slot = self.slots.index(None)
             self.slots[slot] = item
             admitted.append((slot, item))
-        kept.extend(self.waiting)
-        self.waiting = kept
+        self.waiting.extendleft(reversed(kept))  # back in front, in their order
         return admitted
 
     @property
