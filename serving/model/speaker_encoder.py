@@ -74,7 +74,10 @@ class TimeDelayNetBlock(nn.Module):
                               padding_mode="reflect")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.conv(x))
+        # The bias is added outside the convolution: without cuDNN (as voices are encoded, serving/engine/prompts.py)
+        # a dilated convolution with a bias fills its output one channel at a time, 64 kernels apiece, 1,344 of
+        # the network's 1,556 launches on an H100 (benchmarks/voice_encode_bench.py --profile).
+        return F.relu(self.conv._conv_forward(x, self.conv.weight, None) + self.conv.bias.unsqueeze(-1))
 
 
 class Res2NetBlock(nn.Module):
