@@ -1,6 +1,6 @@
 """Where a served frame's time goes, stage by stage, in one process on one GPU (no HTTP).
 
-    python benchmarks/stage_timing.py --model DIR [--json OUT.json] [--priorities -1,0] [--codec-stream talker]
+    python benchmarks/stage_timing.py --model DIR [--json OUT.json] [--priorities -1,0]
 
 Times, on a random checkpoint (--load-format dummy): the batched prefill of new requests (short and long
 texts, 1 to 128 at once); the codec stage's decode call by chunk size and batch; the talker's decode step
@@ -8,8 +8,7 @@ alone and while the codec thread decodes at the same time (both stages share the
 interpreter), and the codec call while the talker steps, under each talker stream priority asked for; then
 both looping at once for a few seconds, as at full load: steps and calls per second, and their work rate against
 each one's stand-alone rate. These are the terms of the first-audio latency (prefill + first_chunk_frames steps
-+ one codec call) and of the served throughput (steps/s vs codec calls/s). --codec-stream talker puts the codec's
-calls on the talker's stream, as `ttsbench serve --codec-stream talker` does: the stages then run in turn.
++ one codec call) and of the served throughput (steps/s vs codec calls/s).
 """
 
 from __future__ import annotations
@@ -52,8 +51,6 @@ def main() -> None:
     ap.add_argument("--priorities", default="0",
                     help="talker stream priorities to compare side by side with the codec, e.g. -1,0 (lower goes "
                          "first; the codec's stream has 0, as the talker's in the stack)")
-    ap.add_argument("--codec-stream", default="own", choices=("own", "talker"),
-                    help="the codec's calls on their own stream (side by side with the talker) or the talker's (in turn)")
     args = ap.parse_args()
 
     from serving.engine.codec_stage import CodecChunk
@@ -64,7 +61,7 @@ def main() -> None:
     priorities = [int(p) for p in args.priorities.split(",")]
 
     config = EngineConfig(model=args.model, load_format="dummy", max_batch_size=128, max_model_len=1024,
-                          ignore_eos=True, codec_stream=args.codec_stream)
+                          ignore_eos=True)
     runner, codec, _info = load_stages(config)
     t0 = time.perf_counter()
     runner.warmup()
@@ -171,8 +168,6 @@ def main() -> None:
     for priority in priorities:
         torch.cuda.synchronize()
         runner.stream = torch.cuda.Stream(runner.device, priority=priority)
-        if args.codec_stream == "talker":
-            codec.stream = runner.stream
         cells = {}
         for b in (1, 32, 128):
             release_all()

@@ -328,7 +328,6 @@ def serve(
     codec_batch_wait_ms: float = typer.Option(100.0, min=0, help="Most time a chunk whose listener has audio in hand waits for others to share its codec call (first chunks, final chunks and listeners low on audio never wait); 0: every call at once."),
     codec_graph_batches: Optional[str] = typer.Option(None, help="Batch sizes of the codec's CUDA graphs, e.g. 1,4,16 (default: 1, 2, 4, ... up to --max-codec-batch; 'none': codec always eager). Each gets a graph per chunk size streaming produces."),
     codec_graph_memory_gb: Optional[float] = typer.Option(None, min=0, help="Most GPU memory the codec's CUDA graphs may take; the largest buckets are dropped first (and run eagerly). Default: no limit; the startup log and /health list each graph's memory."),
-    codec_stream: str = typer.Option("own", help="own: the codec works on its own CUDA stream, beside the talker's steps; talker: on the talker's stream, so the GPU runs the two stages' work in turn (side by side, each slows the other: the codec's large convolutions hold the SMs a frame's many small kernels wait for)."),
     request_log: Optional[Path] = typer.Option(None, help="Append one JSON line per finished speech request to this file: its milestones in ms since arrival (admitted, prefilled, first chunk due, its codec call, first chunk sent, ...) and the batch sizes it met. For where a burst's time goes; summarise with benchmarks/request_timeline.py."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
@@ -349,7 +348,7 @@ def serve(
         length_policy=length_policy, codec_dtype=codec_dtype, max_codec_batch=max_codec_batch,
         codec_batch_wait_ms=codec_batch_wait_ms,
         codec_graph_batches=codec_graph_batches,
-        codec_graph_memory_gb=codec_graph_memory_gb, codec_stream=codec_stream, request_log=request_log)
+        codec_graph_memory_gb=codec_graph_memory_gb, request_log=request_log)
     try:
         serve_forever(options)
     except ValueError as e:  # bad option values, unknown model, offline without a cached checkpoint

@@ -44,7 +44,6 @@ class ServeOptions:
     codec_batch_wait_ms: float = 100.0
     codec_graph_batches: str | None = None  # "1,2,4,8,16", or "none"
     codec_graph_memory_gb: float | None = None
-    codec_stream: str = "own"
     request_log: Path | None = None  # one JSON line per finished speech request (serving/api/request_log.py)
 
 
@@ -64,7 +63,7 @@ def build_server(options: ServeOptions) -> SpeechServer:
         ignore_eos=options.ignore_eos, length_policy=options.length_policy, codec_dtype=options.codec_dtype,
         max_codec_batch=options.max_codec_batch, codec_batch_wait_ms=options.codec_batch_wait_ms,
         codec_graph_batches=parse_batches(options.codec_graph_batches),
-        codec_graph_memory_gb=options.codec_graph_memory_gb, codec_stream=options.codec_stream)
+        codec_graph_memory_gb=options.codec_graph_memory_gb)
     check_placement(config)  # a bad device or dtype fails here, before the server listens
     voices_dir = options.voices_dir or cache_root() / "voices" / _safe(name)
     names = tuple(dict.fromkeys((name, options.model, str(path), path.name)))

@@ -17,7 +17,6 @@ On a GPU each call replays a CUDA graph of the step for the smallest (batch, fra
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
@@ -153,11 +152,10 @@ class CodecRunner:
 
     def __init__(self, decoder: torch.nn.Module, device: torch.device, num_quantizers: int, num_slots: int,
                  graph_buckets: tuple[tuple[int, int], ...] = (), graph_budget_bytes: int | None = None,
-                 primed_cache_size: int = 32, stream: torch.cuda.Stream | None = None):
+                 primed_cache_size: int = 32):
         """graph_buckets: (batch, frames) shapes to capture at warm-up (none: every call runs eagerly);
         graph_budget_bytes: the most memory they may take (None: no limit), the largest dropped first;
-        primed_cache_size: states after priming kept, one per distinct reference (see _prime);
-        stream: the CUDA stream its calls go on (below)."""
+        primed_cache_size: states after priming kept, one per distinct reference (see _prime)."""
         self.pool = IncrementalCodecDecoder(decoder, num_slots)
         self.device = device
         self.num_quantizers = num_quantizers
@@ -169,11 +167,6 @@ class CodecRunner:
         self._host: torch.Tensor | None = None  # pinned landing buffer of the waveforms (GPU only, see _to_host)
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
         self._primed = LRU(primed_cache_size)  # reference codes' hash -> the state priming leaves
-        # None: calls go on the codec thread's own (default) stream, beside the talker's. The talker's stream
-        # (--codec-stream talker): the GPU runs the two stages' work in turn. Side by side, a 128-row step took 3x as
-        # long beside a codec call and the call ~1.2x (H100, docs/performance.md twelfth pass); in turn, each takes
-        # its own time and waits for the other's.
-        self.stream = stream
 
     @property
     def num_slots(self) -> int:
@@ -203,8 +196,7 @@ class CodecRunner:
         param = next(self.pool.decoder.parameters())
         d = {"codec_device": str(param.device), "codec_dtype": str(param.dtype).removeprefix("torch."),
              "codec_slots": self.num_slots, "codec_fused_activations": self.fused_activations,
-             "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1),
-             "codec_stream": "own" if self.stream is None else "talker"}
+             "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
         report = self.graph_report or CodecGraphReport((), (), 0, self.graph_budget_bytes)
         return d | report.describe()
 
@@ -213,10 +205,6 @@ class CodecRunner:
         """One float32 waveform per chunk: its new frames' samples."""
         if not chunks:
             return []
-        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            return self._decode(chunks)
-
-    def _decode(self, chunks: list[CodecChunk]) -> list[np.ndarray]:
         self._prime([c for c in chunks if c.prime is not None])
         rows = [(c.slot, c.codes, c.first and c.prime is None) for c in chunks]
         self._check(rows)

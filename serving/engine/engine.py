@@ -86,7 +86,6 @@ class EngineConfig:
     codec_dtype: str = "auto"  # the codec decoder's weights and state; auto: bfloat16 on CUDA (as the official loads it), float32 on CPU
     codec_graph_batches: tuple[int, ...] | None = None  # codec graph batch buckets; None: 1, 2, 4, ... max_codec_batch
     codec_graph_memory_gb: float | None = None  # most memory codec graphs may take (None: no limit)
-    codec_stream: str = "own"  # own: the codec's CUDA stream runs beside the talker's; talker: on the talker's, in turn
 
     def __post_init__(self):
         for name in ("max_batch_size", "chunk_frames", "first_chunk_frames", "max_model_len", "max_codec_batch"):
@@ -107,8 +106,6 @@ class EngineConfig:
 
         if self.length_policy not in POLICIES:
             raise ValueError(f"length_policy must be one of {', '.join(POLICIES)}")
-        if self.codec_stream not in ("own", "talker"):
-            raise ValueError("codec_stream must be own or talker")
 
 
 @dataclass(frozen=True)

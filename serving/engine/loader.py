@@ -49,12 +49,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def check_placement(config) -> None:
     """Raise ValueError now for devices or a dtype that cannot work, instead of failing during loading."""
     talker = resolve_device(config.talker_device)
-    codec = resolve_device(config.codec_device, fallback=talker)
+    resolve_device(config.codec_device, fallback=talker)
     resolve_dtype(config.dtype, talker)
     resolve_dtype(config.codec_dtype, talker)
-    if config.codec_stream == "talker" and (talker.type != "cuda" or codec != talker):
-        raise ValueError(f"--codec-stream talker puts the codec's work on the talker's CUDA stream: it needs both "
-                         f"stages on one CUDA device (talker {talker}, codec {codec})")
 
 
 def slot_bytes(model_cfg, max_model_len: int, dtype: torch.dtype) -> int:
@@ -142,8 +139,7 @@ def load_stages(config):
                                num_slots=num_slots + config.max_codec_batch,
                                graph_buckets=codec_graph_buckets(config, codec_device),
                                graph_budget_bytes=None if config.codec_graph_memory_gb is None
-                               else int(config.codec_graph_memory_gb * 1024**3),
-                               stream=runner.stream if config.codec_stream == "talker" else None)
+                               else int(config.codec_graph_memory_gb * 1024**3))
     task_type = TASK_TYPES[model_cfg.tts_model_type]
     info = EngineInfo(
         model_name=config.model_name or path.name,
