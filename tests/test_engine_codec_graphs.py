@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from serving.engine.codec_graphs import (CodecGraphs, cover, keep_within_budget, make_batch_buckets,
+from serving.engine.codec_graphs import (CodecGraphs, PrimeGraphs, cover, keep_within_budget, make_batch_buckets,
                                          make_frame_buckets, pad_rows, parse_batches)
 from serving.engine.codec_stage import CodecChunk, CodecRunner
 from serving.engine.engine import EngineConfig
@@ -215,3 +215,48 @@ def test_engine_reports_codec_dtype_and_graphs(decoder):
     assert described["codec_graph_memory_gb"] == 0.5 and described["codec_slots"] >= 2
     assert info.codec_graphs is None
     assert wav.dtype == np.float32 and wav.shape == (3 * 1920,) and np.isfinite(wav).all()
+
+
+def test_priming_replays_its_shapes_graph_with_the_eager_result(decoder):
+    """A new voice's priming goes through the graph of its padded shape (warm-up makes one per shape it met) and
+    leaves the slot states an eager priming leaves; the stream then sounds the same. A reference longer than
+    warm-up met (no graph) primes eagerly. In float64, where the decode buckets' padding changes no sample."""
+    decoder = copy.deepcopy(decoder).to(torch.float64)
+    graphs, eager = graph_runner(decoder), CodecRunner(decoder, torch.device("cpu"), Q, SLOTS)
+    for runner in (graphs, eager):
+        runner.warmup((4,), prime_frames=64)
+    assert eager.prime_graphs is None
+    assert graphs.describe()["codec_prime_graphs"] == [[r, f] for r in (1, 2, 4) for f in (32, 64)]
+    ran = []
+    run = graphs.prime_graphs.run
+    graphs.prime_graphs.run = lambda codes, slots, lengths: ran.append((len(slots), codes.shape[1], run(
+        codes, slots, lengths))) or ran[-1][2]
+    steps = [
+        [CodecChunk(0, codes(4, 1), True, prime=codes(40, 2)), CodecChunk(1, codes(4, 3), True, prime=codes(9, 4)),
+         CodecChunk(2, codes(4, 5), True)],
+        [CodecChunk(3, codes(2, 6), True, prime=codes(70, 7))],  # 96 frames padded: beyond warm-up's shapes
+    ]
+    for step in steps:
+        for g, w in zip(graphs.decode(step), eager.decode(step)):
+            assert np.array_equal(g, w)
+        for g, w in zip(slot_states(graphs), slot_states(eager)):
+            assert torch.allclose(g, w, rtol=1e-12, atol=1e-12)
+    assert ran == [(2, 64, True), (1, 96, False)]
+
+
+def test_a_priming_graphs_padding_rows_leave_other_slots_alone(decoder):
+    """Static buffers keep the last call's rows: a call of fewer references through the same shape must pad
+    with the scratch slot, not re-prime the slot the previous call's last row named."""
+    pool = CodecRunner(decoder, torch.device("cpu"), Q, SLOTS).pool
+    reference = CodecRunner(decoder, torch.device("cpu"), Q, SLOTS).pool
+    prime_graphs = PrimeGraphs(pool, pool.prime_shapes(32), Q, torch.device("cpu"))
+    refs = [torch.from_numpy(codes(20 + i, 30 + i)) for i in range(4)]
+    assert prime_graphs.run(*pool.prime_batch([(slot, refs[slot]) for slot in range(4)]))
+    pool.decode([(3, torch.from_numpy(codes(5, 40)), False)])  # slot 3's stream moves on
+    moved_on = pool.snapshot(3)
+    assert prime_graphs.run(*pool.prime_batch([(slot, refs[3 - slot]) for slot in range(3)]))  # 3 rows pad to 4
+    reference.prime([(slot, refs[3 - slot]) for slot in range(3)])
+    for slot in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(pool.snapshot(slot), reference.snapshot(slot)))
+    assert all(torch.equal(a, b) for a, b in zip(pool.snapshot(3), moved_on))
+    assert not any(s.any() for s in pool.snapshot(pool.scratch_slot))

@@ -176,13 +176,20 @@ def test_primed_stream_equals_one_shot_of_reference_and_generated(runner, decode
     assert np.abs(audio - one_shot(decoder, np.concatenate([ref, gen]))[20 * SPF:]).max() < 1e-4
 
 
+def count_primed_rows(runner, monkeypatch) -> list[int]:
+    """A list that each priming pass appends its number of references to (its rows less the padding)."""
+    primed = []
+    prime = runner.pool.prime_padded
+    monkeypatch.setattr(runner.pool, "prime_padded", lambda codes, slots, lengths: (
+        primed.append(int((lengths > 0).sum())), prime(codes, slots, lengths)))
+    return primed
+
+
 def test_a_reference_is_primed_once_and_its_state_reused_in_other_slots(runner, decoder, monkeypatch):
     """The state priming leaves is kept per reference: a second stream with the same reference (another slot,
     other frames) restores it instead of priming again, and still equals the one-shot decode; a different
     reference primes anew."""
-    primed = []
-    prime = runner.pool.prime
-    monkeypatch.setattr(runner.pool, "prime", lambda chunks: (primed.append(len(chunks)), prime(chunks)))
+    primed = count_primed_rows(runner, monkeypatch)
     ref, other = codes(20, 5), codes(12, 11)
     runner.assign(new_stream())  # slot 0 busy
     first = stream_through(runner, new_stream(4, 25, prime=ref), codes(9, 6))
@@ -199,9 +206,7 @@ def test_a_reference_is_primed_once_and_its_state_reused_in_other_slots(runner, 
 def test_a_call_primes_each_new_reference_once(runner, decoder, monkeypatch):
     """Two first chunks of one new reference and one of another, in one call: two rows primed, and every
     stream still equals the one-shot decode of its reference and frames."""
-    primed = []
-    prime = runner.pool.prime
-    monkeypatch.setattr(runner.pool, "prime", lambda chunks: (primed.append(len(chunks)), prime(chunks)))
+    primed = count_primed_rows(runner, monkeypatch)
     ref, other = codes(20, 5), codes(12, 11)
     refs = [ref, other, ref]
     streams = [new_stream(4, 25, prime=r) for r in refs]

@@ -206,3 +206,60 @@ class CodecGraphs:
         if self.frame_graphs is not None:
             return self.frame_graphs.replay(*bucket)[0]
         return self._captured(*bucket)[0]
+
+
+class PrimeGraphs:
+    """A voice's priming (IncrementalCodecDecoder.prime_padded) captured per padded (rows, frames) shape.
+
+    Priming is an eager pass over a reference's codes: on an H100 the first codec call of a stream of a new voice
+    took 28-37 ms where a cached voice's took 5-7 (fifteenth pass), for ~1 ms of GPU work, the rest launches.
+    Its calls are padded to a few shapes (PRIME_ROWS rows, multiples of PRIME_FRAMES frames), so each gets a graph
+    that reads only static buffers (codes, slots, lengths) and writes the state pool. The graphs share the decode
+    graphs' pool (one thread replays both, one after another), so they add little memory. Shapes not captured
+    (references longer than warm-up met) are not run here: `run` returns False and the caller primes eagerly.
+    On a CPU (tests) a shape is only registered and its "replay" runs the same function eagerly."""
+
+    def __init__(self, pool: IncrementalCodecDecoder, shapes: list[Bucket], num_quantizers: int,
+                 device: torch.device):
+        self.pool = pool
+        self.device = device
+        self.static = {(rows, frames): (torch.zeros((rows, frames, num_quantizers), dtype=torch.long, device=device),
+                                        torch.full((rows,), pool.scratch_slot, dtype=torch.long, device=device),
+                                        torch.zeros(rows, dtype=torch.long, device=device))
+                       for rows, frames in shapes}
+        self.frame_graphs = FrameGraphs(self._captured, device) if device.type == "cuda" else None
+
+    def _captured(self, rows: int, frames: int) -> tuple:
+        self.pool.prime_padded(*self.static[(rows, frames)])
+        return ()
+
+    @torch.inference_mode()
+    def capture_all(self, memory_pool=None) -> None:
+        """Capture every shape (at rest its static rows are the scratch slot's, of no frames: capture writes
+        zeros there, as the scratch slot only ever receives); memory_pool: the decode graphs' pool to share."""
+        if self.frame_graphs is None:
+            return
+        self.frame_graphs.pool = memory_pool
+        for shape in self.static:
+            self.frame_graphs.capture(*shape)
+        log.info("codec priming graphs: %d captured, %.0f MiB: %s", len(self.static),
+                 self.frame_graphs.memory_bytes / 2**20, ", ".join(f"{r}x{f}" for r, f in self.static))
+
+    @torch.inference_mode()
+    def run(self, codes: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> bool:
+        """Prime a padded batch (IncrementalCodecDecoder.prime_batch) through its shape's graph; False, and
+        nothing done, where no graph holds its shape."""
+        static = self.static.get((len(slots), codes.shape[1]))
+        if static is None:
+            return False
+        for buffer, value in zip(static, (codes, slots, lengths), strict=True):
+            buffer.copy_(value)
+        if self.frame_graphs is not None:
+            self.frame_graphs.replay(len(slots), codes.shape[1])
+        else:
+            self._captured(len(slots), codes.shape[1])
+        return True
+
+    def describe(self) -> dict:
+        return {"codec_prime_graphs": [list(shape) for shape in self.static],
+                "codec_prime_graph_memory_bytes": self.frame_graphs.memory_bytes if self.frame_graphs else 0}

@@ -24,7 +24,7 @@ from typing import Callable, TypeVar
 import numpy as np
 import torch
 
-from serving.engine.codec_graphs import CodecGraphReport, CodecGraphs, pad_rows, run_step
+from serving.engine.codec_graphs import CodecGraphReport, CodecGraphs, PrimeGraphs, pad_rows, run_step
 from serving.engine.cuda_graphs import wait_sleeping
 from serving.engine.lru import LRU
 from serving.model.codec_stream import IncrementalCodecDecoder, next_chunk_frames
@@ -146,8 +146,9 @@ class CodecRunner:
 
     Rows of one step differ in slot, position and length (right-padded; the decoder is causal). Priming codes
     go through the pool's prime() first (the transformer over all of them, the vocoder over its receptive
-    field only), so a cloned stream's first chunk is an ordinary row; priming always runs eagerly (its length
-    follows the reference), the rows then replay a graph like any other.
+    field only), so a cloned stream's first chunk is an ordinary row. Priming pads to a few shapes; with graphs,
+    those that warm-up met replay a graph of their own (codec_graphs.PrimeGraphs), longer references prime
+    eagerly; the rows then replay a graph like any other.
     """
 
     def __init__(self, decoder: torch.nn.Module, device: torch.device, num_quantizers: int, num_slots: int,
@@ -167,6 +168,7 @@ class CodecRunner:
         self._host: torch.Tensor | None = None  # pinned landing buffer of the waveforms (GPU only, see _to_host)
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
         self._primed = LRU(primed_cache_size)  # reference codes' hash -> the state priming leaves
+        self.prime_graphs: PrimeGraphs | None = None  # made at warm-up for voice clone models (see warmup)
 
     @property
     def num_slots(self) -> int:
@@ -198,7 +200,7 @@ class CodecRunner:
              "codec_slots": self.num_slots, "codec_fused_activations": self.fused_activations,
              "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
         report = self.graph_report or CodecGraphReport((), (), 0, self.graph_budget_bytes)
-        return d | report.describe()
+        return d | report.describe() | (self.prime_graphs.describe() if self.prime_graphs is not None else {})
 
     @torch.inference_mode()
     def decode(self, chunks: list[CodecChunk]) -> list[np.ndarray]:
@@ -234,7 +236,9 @@ class CodecRunner:
             else:
                 self.pool.restore(c.slot, state)
         if fresh:
-            self.pool.prime([(same[0].slot, torch.from_numpy(same[0].prime)) for same in fresh.values()])
+            batch = self.pool.prime_batch([(same[0].slot, torch.from_numpy(same[0].prime)) for same in fresh.values()])
+            if self.prime_graphs is None or not self.prime_graphs.run(*batch):
+                self.pool.prime_padded(*batch)
         for key, same in fresh.items():
             state = self.pool.snapshot(same[0].slot)
             self._primed.put(key, state)
@@ -274,15 +278,22 @@ class CodecRunner:
         for frames in frame_counts:
             zeros = np.zeros((frames, self.num_quantizers), dtype=np.int64)
             self.decode([CodecChunk(0, zeros, True)])
-        self.pool.warm_prime(min(prime_frames, WARM_PRIME_FRAMES))
+        prime_frames = min(prime_frames, WARM_PRIME_FRAMES)
+        self.pool.warm_prime(prime_frames)
+        if self.graphs is not None and prime_frames:
+            self.prime_graphs = PrimeGraphs(self.pool, self.pool.prime_shapes(prime_frames), self.num_quantizers,
+                                            self.device)
         if self.graphs is not None:
             # cuDNN times its convolution algorithms for the buckets' fixed shapes and the graphs keep the fastest
-            # (measured 10-30% per call on an H100); only here: eager calls (priming, oversized batches) have
+            # (measured 10-30% per call on an H100); only here: eager calls (long references' priming, oversized batches) have
             # shapes that follow the input and would pay a new search for every new length
             previous = torch.backends.cudnn.benchmark
             torch.backends.cudnn.benchmark = self.device.type == "cuda"
             try:
                 self.graphs.capture_all(self.graph_budget_bytes)
+                if self.prime_graphs is not None:
+                    frame_graphs = self.graphs.frame_graphs
+                    self.prime_graphs.capture_all(frame_graphs.pool if frame_graphs is not None else None)
             finally:
                 torch.backends.cudnn.benchmark = previous
         if self.device.type == "cuda":

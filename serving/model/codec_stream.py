@@ -212,9 +212,16 @@ class IncrementalCodecDecoder:
         them as a first chunk leaves, without their samples. The convolutions after the transformer run only
         over each row's last vocoder_receptive_frames latents, from zero state: the samples of those frames
         are inexact, but the state at their end depends on nothing earlier."""
-        if not chunks:
-            return
-        codes, slots, lengths = self._prime_shape(*self._batch(chunks))
+        if chunks:
+            self.prime_padded(*self.prime_batch(chunks))
+
+    def prime_batch(self, chunks: list[tuple[int, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """prime()'s inputs on the device, padded to its shape (_prime_shape): codes (rows, frames, Q), slots (rows,),
+        lengths (rows,); padding rows are the scratch slot's, of no frames."""
+        return self._prime_shape(*self._batch(chunks))
+
+    def prime_padded(self, codes: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> None:
+        """prime()'s device work on a padded batch (prime_batch): no host reads, so a CUDA graph can hold it."""
         first = torch.ones_like(slots, dtype=torch.bool)
         head = StreamStep(self, slots, lengths, first)
         latents = self.decoder.latents(codes, head)                                   # (B, latent, T)
@@ -239,13 +246,17 @@ class IncrementalCodecDecoder:
         slots = torch.cat([slots, slots.new_full((pad,), self.scratch_slot)])
         return codes, slots, torch.cat([lengths, lengths.new_zeros(pad)])
 
+    def prime_shapes(self, max_frames: int) -> list[tuple[int, int]]:
+        """The padded (rows, frames) shapes of priming calls of references up to max_frames frames."""
+        rows = sorted({_prime_rows(min(r, self.num_slots)) for r in PRIME_ROWS})  # those calls can have
+        return [(r, f) for r in rows for f in range(PRIME_FRAMES, max_frames + PRIME_FRAMES, PRIME_FRAMES)]
+
     def warm_prime(self, max_frames: int) -> None:
-        """Prime each (PRIME_ROWS, multiple of PRIME_FRAMES up to max_frames) shape once, into the first slots
-        (every stream starts its slot afresh or primed, so what this leaves there is never heard)."""
-        for rows in sorted({_prime_rows(min(r, self.num_slots)) for r in PRIME_ROWS}):  # those calls can have
-            for frames in range(PRIME_FRAMES, max_frames + PRIME_FRAMES, PRIME_FRAMES):
-                zeros = torch.zeros((frames, self.decoder.config.num_quantizers), dtype=torch.long)
-                self.prime([(slot, zeros) for slot in range(min(rows, self.num_slots))])
+        """Prime each shape of prime_shapes(max_frames) once, into the first slots (every stream starts its slot
+        afresh or primed, so what this leaves there is never heard)."""
+        for rows, frames in self.prime_shapes(max_frames):
+            zeros = torch.zeros((frames, self.decoder.config.num_quantizers), dtype=torch.long)
+            self.prime([(slot, zeros) for slot in range(min(rows, self.num_slots))])
 
     def _batch(self, chunks: list[tuple[int, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(codes (B, T, Q) right-padded, slots (B,), lengths (B,)) on the device, checked and assembled on the
