@@ -143,6 +143,28 @@ def test_bfloat16_decoder_is_as_close_to_float32_as_the_officials(parity):
         assert _rms(streamed - ref) < 1.5 * official_gap  # measured: 0.96-1.04x
 
 
+def test_nearest_codebook_vector_is_cdists_argmin_with_the_codebook_side_kept():
+    """The quantizer's search equals the official torch.cdist + argmin, distance for distance; the codebook's side
+    of it is computed once, and again when the buffers change in place."""
+    from serving.model.codec_encoder import EuclideanCodebook
+    book = EuclideanCodebook(300, 8)
+    gen = torch.Generator().manual_seed(0)
+    book.embed_sum.copy_(torch.randn(300, 8, generator=gen))
+    book.cluster_usage.copy_(0.5 + torch.rand(300, generator=gen))
+    x = torch.randn(400, 8, generator=gen)
+
+    def official(rows):
+        return torch.cdist(rows[None].float(), book.vectors()[None].float(), p=2)[0].argmin(dim=-1)
+
+    before = book.nearest(x)
+    assert torch.equal(before, official(x))
+    side = book._codebook()[1]
+    assert book._codebook()[1] is side
+    book.embed_sum.mul_(-1)
+    after = book.nearest(x)
+    assert book._codebook()[1] is not side and torch.equal(after, official(x)) and not torch.equal(after, before)
+
+
 @pytest.mark.slow
 def test_encoder_codes_are_identical(parity):
     tokenizer = SpeechTokenizer.load(parity["codec_dir"])

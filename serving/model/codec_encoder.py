@@ -161,12 +161,31 @@ class EuclideanCodebook(nn.Module):
         self.register_buffer("initialized", torch.tensor([True], dtype=torch.float32))
         self.register_buffer("cluster_usage", torch.ones(codebook_size))
         self.register_buffer("embed_sum", torch.zeros(codebook_size, dim))
+        self._kept: tuple[tuple, torch.Tensor, torch.Tensor] | None = None  # (stamp, vectors, their cdist side)
 
     def vectors(self) -> torch.Tensor:
-        return self.embed_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
+        return self._codebook()[0]
 
-    def nearest(self, x_nd: torch.Tensor, vectors_kd: torch.Tensor) -> torch.Tensor:
-        return torch.cdist(x_nd[None].float(), vectors_kd[None].float(), p=2)[0].argmin(dim=-1)
+    def _codebook(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(vectors (K, D), their side of torch.cdist's matrix product (K, D + 2)), computed once for the buffers
+        as they are: a voice's encoding runs 16 codebooks, and recomputing both made ~7 of each one's ~18 kernel
+        launches (the encoder is launch-bound on a GPU, benchmarks/voice_encode_bench.py). New weights (loaded or
+        drawn in place, or moved) have another stamp."""
+        stamp = tuple((b.data_ptr(), b._version) for b in (self.embed_sum, self.cluster_usage))
+        if self._kept is None or self._kept[0] != stamp:
+            vectors = self.embed_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
+            side = vectors.float()
+            norm = side.pow(2).sum(-1, keepdim=True)
+            self._kept = (stamp, vectors, torch.cat([side, torch.ones_like(norm), norm], -1))
+        return self._kept[1], self._kept[2]
+
+    def nearest(self, x_nd: torch.Tensor) -> torch.Tensor:
+        """Each row's nearest vector, as the official quantize finds it (torch.cdist, p=2, then argmin): cdist's
+        own matrix-product form for over 25 vectors, term for term, with the codebook's side kept (_codebook)."""
+        x = x_nd.float()
+        norm = x.pow(2).sum(-1, keepdim=True)
+        rows = torch.cat([x.mul(-2), norm, torch.ones_like(norm)], -1)
+        return rows[None].matmul(self._codebook()[1][None].mT).clamp_min_(0).sqrt_()[0].argmin(dim=-1)
 
 
 class _CodebookHolder(nn.Module):
@@ -193,7 +212,7 @@ class MimiResidualVectorQuantizer(nn.Module):
         all_codes = []
         for holder in self.layers[:num_quantizers]:
             vectors_kd = holder.codebook.vectors()
-            codes_bt = holder.codebook.nearest(residual_btd.reshape(-1, d), vectors_kd).view(b, t)
+            codes_bt = holder.codebook.nearest(residual_btd.reshape(-1, d)).view(b, t)
             residual_btd = residual_btd - F.embedding(codes_bt, vectors_kd)
             all_codes.append(codes_bt)
         return torch.stack(all_codes)
