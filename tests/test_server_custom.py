@@ -49,7 +49,7 @@ def test_health_models_and_metrics(server):
     startup, warmup = health["engine"]["startup_s"], health["engine"]["warmup_s"]  # where start-up went, by phase
     assert set(startup) == {"load", "talker_warmup", "codec_warmup", "total"} and min(startup.values()) >= 0
     assert startup["total"] >= startup["load"] and set(warmup) == {"steps", "frame_graphs", "prefill_graphs",
-                                                                       "voice_encoders"}
+                                                                       "admission", "voice_encoders"}
     with urllib.request.urlopen(server.url + "/v1/models") as r:
         models = json.loads(r.read())
     assert models["data"][0]["id"] == "tiny-random" and models["data"][0]["task_type"] == "CustomVoice"

@@ -19,6 +19,8 @@ from serving.model.prompt import PromptBuilder as TalkerPromptBuilder
 from serving.model.prompt import load_text_tokenizer
 
 MODEL_TASKS = {"CustomVoice": "custom_voice", "VoiceDesign": "voice_design", "Base": "voice_clone"}
+WARM_UP_TEXTS = ("A short warm-up line.", "A longer warm-up paragraph, as a served burst brings them: " * 6)
+WARM_UP_REFERENCE_FRAMES = 50  # a 4 s reference clip's codes
 
 
 class PromptBuilder:
@@ -75,6 +77,29 @@ class PromptBuilder:
             speaker=request.speaker, instruct=request.instructions, speaker_embedding=embedding,
             ref_codes=ref_codes, ref_text=request.ref_text if ref_codes is not None else None,
             non_streaming_text=request.non_streaming_mode)
+
+    def warm_up_requests(self, n: int) -> list[GenerationRequest]:
+        """n requests of the checkpoint's task for a start-up admission (TalkerRunner.warmup): every speaker with
+        every language (the prompt pieces each pair shares are memoised on first use), short and long texts; for
+        voice clone, an x-vector alone and in-context references (random codes) in turn."""
+        task = next(name for name, model_task in MODEL_TASKS.items() if model_task == self.cfg.task)
+        speakers = self.cfg.speakers if task == "CustomVoice" else [None]
+        pairs = [(speaker, language) for speaker in speakers for language in self.cfg.languages]
+        hidden = self.cfg.talker.transformer.hidden_size
+        requests = []
+        for i in range(n):
+            speaker, language = pairs[i % len(pairs)]
+            text = WARM_UP_TEXTS[i % len(WARM_UP_TEXTS)]
+            voice = {}
+            if task == "Base" and i % 2:
+                codes = torch.zeros((WARM_UP_REFERENCE_FRAMES, self.num_groups), dtype=torch.long)
+                voice = dict(encoded_voice=(torch.zeros(hidden), codes), ref_text=WARM_UP_TEXTS[0])
+            elif task == "Base":
+                voice = dict(speaker_embedding=np.zeros(hidden, dtype=np.float32))
+            requests.append(GenerationRequest(
+                task=task, text=text, language=language, speaker=speaker,
+                instructions="A calm voice." if task == "VoiceDesign" else None, **voice))
+        return requests
 
     def warm_up_encoders(self) -> None:
         """Encode a synthetic clip once (voice clone checkpoints): a process's first encoding sets up the FFT and
