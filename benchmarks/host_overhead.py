@@ -4,16 +4,16 @@
 
 A served step is as fast as the GPU only while the engine's Python keeps up: the talker loop (admission, the
 executor hops of launch and collect, dealing each row's codes to its stream), the codec loop (choosing the rows of
-each call, cutting chunks, queueing the waveforms) and the streams' consumers all share one event loop and one
-interpreter. This runs the real Engine (scheduler, both loops, their executor threads) with stage stubs: a decode
-step's codes are zeros for its rows, ready `--step-ms` after the later of its launch and the previous step's end,
-as steps queue on a GPU (0: at once; a sleep otherwise, which frees the interpreter as a GPU wait does); a codec
-call returns zero samples for its chunks after `--codec-ms`. Closed-loop clients at each concurrency read the audio
-in-process (no HTTP). Reported per level: steps per second, ms per step, the engine process's CPU time per step
-(all threads), mean rows per step and per codec call, audio seconds per second (12.5 frames per audio second), and
-that against the ideal of every stream busy at steps of exactly --step-ms (c x 80 ms of audio per step); and the
-event loop's lag in handing a chunk to its reader (phase `deliver`). At --step-ms 0 the steps per second are the
-host's ceiling.
+each call, cutting chunks, queueing the waveforms) share the engine's event loop, and the streams' consumers read
+on the caller's, all in one interpreter. This runs the real Engine (scheduler, both loops, their executor threads)
+with stage stubs: a decode step's codes are zeros for its rows, ready `--step-ms` after the later of its launch and
+the previous step's end, as steps queue on a GPU (0: at once; a sleep otherwise, which frees the interpreter as a
+GPU wait does); a codec call returns zero samples for its chunks after `--codec-ms`. Closed-loop clients at each
+concurrency read the audio in-process (no HTTP). Reported per level: steps per second, ms per step, the engine
+process's CPU time per step (all threads), mean rows per step and per codec call, audio seconds per second (12.5
+frames per audio second), and that against the ideal of every stream busy at steps of exactly --step-ms (c x 80 ms
+of audio per step); and the lag in handing a chunk to its reader on the caller's loop (phase `deliver`). At
+--step-ms 0 the steps per second are the host's ceiling.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ async def run_level(concurrency: int, requests: int, frames: int, step_ms: float
         nonlocal samples
         while todo:
             todo.pop()
-            stream = engine.submit(GenerationRequest(task="CustomVoice", text="stub", speaker="vivian",
+            stream = await engine.submit(GenerationRequest(task="CustomVoice", text="stub", speaker="vivian",
                                                      max_new_tokens=frames))
             async for chunk in stream:
                 samples += len(chunk)

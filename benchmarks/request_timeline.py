@@ -9,6 +9,10 @@ steady), so they are summarised apart: for each step between two milestones of
 serving.engine.engine.TIMELINE (the server's arrival first) the p50 / p95 / max in ms, and the batch sizes
 the requests met. gpu_bench.sh writes one file per level and runs this on it.
 
+Then the first wave's admissions, in order: when each began (ms after the wave's first arrival), how many prompts
+it prefilled together, how many rows were running, and how long its prefill took as the talker saw it (admitted to
+prefilled: a prefill pauses every running stream, and the first wave's own first audio waits on it).
+
 Then the generation's pace over the level, in --slices equal slices of time from the first prefill to the last
 frame: rows generating (mean), frames per second and ms per step (rows / frames per second). The log keeps no
 per-frame times, so each request counts as generating at its own mean rate from its prefill to its last frame:
@@ -70,6 +74,28 @@ def split_waves(records: list[dict], concurrency: int, warmup: int = 0) -> dict[
             "later": [r for i, r in measured if i >= concurrency]}
 
 
+def admissions(records: list[dict]) -> list[dict]:
+    """[{"at_ms", "prompts", "running", "prefill_ms"}] of the admissions the records met, in order; at_ms counts
+    from the first record's arrival. Requests admitted together share their admitted and prefilled times."""
+    if not records:
+        return []
+    start = records[0]["arrival"]
+    seen = {}
+    for r in records:
+        ms = r["ms"]
+        if "admitted" in ms and "prefilled" in ms:
+            at = round((r["arrival"] - start) * 1e3 + ms["admitted"], 1)
+            seen.setdefault(at, {"at_ms": at, "prompts": r.get("prefill_batch"), "running": r.get("running"),
+                                 "prefill_ms": round(ms["prefilled"] - ms["admitted"], 1)})
+    return [seen[at] for at in sorted(seen)]
+
+
+def render_admissions(rows: list[dict]) -> str:
+    lines = ["| at ms | prompts | running | prefill ms |", "|---|---|---|---|"]
+    lines += [f"| {r['at_ms']:.1f} | {r['prompts']} | {r['running']} | {r['prefill_ms']:.1f} |" for r in rows]
+    return "\n".join(lines)
+
+
 def pace(records: list[dict], slices: int = 10) -> list[dict]:
     """[{"from_s", "to_s", "rows", "frames_per_s", "ms_per_step"}] over `slices` equal slices of the span from
     the first prefill to the last frame, seconds from its start; each request generating at its mean rate."""
@@ -116,7 +142,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, required=True, help="The level's concurrency: its first wave's size.")
     ap.add_argument("--warmup", type=int, default=0, help="Requests before the level (ttsbench run --warmup).")
     ap.add_argument("--slices", type=int, default=10, help="Slices of time for the generation's pace.")
-    ap.add_argument("--json", type=Path, help="Write the groups' summaries by label, and the pace under 'pace'.")
+    ap.add_argument("--json", type=Path, help="Write the groups' summaries by label, the first wave's admissions "
+                                              "under 'admissions' and the pace under 'pace'.")
     args = ap.parse_args()
     if args.slices < 1:
         raise SystemExit("--slices must be at least 1")
@@ -126,11 +153,14 @@ def main() -> None:
         raise SystemExit(f"{args.log}: no completed request after the warmup")
     print("  server timeline, ms p50 / p95 of each step of the first audio:")
     print(render(groups))
+    admitted = admissions(waves["first wave"])
+    print("  the first wave's admissions (prefill: admitted to prefilled, as the talker saw it):")
+    print(render_admissions(admitted))
     rows = pace(waves["first wave"] + waves["later"], args.slices)
     print("  generation pace (each request at its mean rate from its prefill to its last frame):")
     print(render_pace(rows))
     if args.json:
-        args.json.write_text(json.dumps({**groups, "pace": rows}, indent=1) + "\n")
+        args.json.write_text(json.dumps({**groups, "admissions": admitted, "pace": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

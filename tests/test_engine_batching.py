@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import time
 
 import numpy as np
 import pytest
@@ -99,9 +100,9 @@ def test_engine_cancel_frees_the_slot_and_others_go_on():
         engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), max_queue=1, **CONFIG))
         await engine.start()
         try:
-            long = engine.submit(GenerationRequest(task="CustomVoice", text="Long.", speaker="vivian",
+            long = await engine.submit(GenerationRequest(task="CustomVoice", text="Long.", speaker="vivian",
                                                    max_new_tokens=100, sampling=SamplingParams(seed=1)))
-            short = engine.submit(GenerationRequest(task="CustomVoice", text="Short.", speaker="ryan",
+            short = await engine.submit(GenerationRequest(task="CustomVoice", text="Short.", speaker="ryan",
                                                     max_new_tokens=3, sampling=SamplingParams(seed=2)))
             first = await long.__anext__()
             assert len(first) == 2 * 1920
@@ -118,6 +119,60 @@ def test_engine_cancel_frees_the_slot_and_others_go_on():
             await engine.shutdown()
 
     asyncio.run(main())
+
+
+def test_the_engine_steps_while_the_callers_loop_is_busy():
+    """The engine runs on its own loop: a handler that holds the server's loop (parsing a burst's bodies, say)
+    does not hold up the talker's steps, and the stream's audio waits for its reader."""
+    async def main():
+        engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), **CONFIG))
+        await engine.start()
+        try:
+            stream = await engine.submit(GenerationRequest(task="CustomVoice", text="Busy.", speaker="vivian",
+                                                           max_new_tokens=30, sampling=SamplingParams(seed=3)))
+            first = await stream.__anext__()
+            before = engine.stats()["frames_total"]
+            time.sleep(1.0)  # the caller's loop is busy: nothing on it runs
+            during = engine.stats()["frames_total"] - before
+            rest = [c async for c in stream]
+            return during, sum(len(c) for c in [first, *rest])
+        finally:
+            await engine.shutdown()
+
+    during, samples = asyncio.run(main())
+    assert during >= 1 and samples == 30 * 1920
+
+
+def test_a_client_that_leaves_during_its_submission_leaves_nothing_running():
+    """submit() hands the request to the engine's loop and waits; a handler cancelled meanwhile (its client left)
+    never gets the stream to cancel, so submit cancels it: whether the engine had queued it or not, nothing of
+    it goes on, and the slots serve the next request."""
+    async def main():
+        engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), **CONFIG))
+        await engine.start()
+        try:
+            left = []
+            for seed in range(4):
+                task = asyncio.get_running_loop().create_task(engine.submit(GenerationRequest(
+                    task="CustomVoice", text="Gone.", speaker="vivian", max_new_tokens=100,
+                    sampling=SamplingParams(seed=seed))))
+                await asyncio.sleep(0)  # it is waiting on the engine's loop
+                task.cancel()
+                left.append(task)
+            assert all(isinstance(r, asyncio.CancelledError)
+                       for r in await asyncio.gather(*left, return_exceptions=True))
+            for _ in range(2):  # every callback queued on the engine's loop so far has run
+                await engine._on_engine_loop(asyncio.sleep(0))
+            live = [s for s in list(engine.scheduler.waiting) + [s for _, s in engine.scheduler.running()]
+                    if not s.cancelled]
+            after = [c async for c in await engine.submit(GenerationRequest(
+                task="CustomVoice", text="Next.", speaker="ryan", max_new_tokens=3, sampling=SamplingParams(seed=9)))]
+            return live, sum(len(c) for c in after)
+        finally:
+            await engine.shutdown()
+
+    live, samples = asyncio.run(main())
+    assert live == [] and samples == 3 * 1920
 
 
 def test_the_checkpoints_generation_config_reaches_the_api(tmp_path):
@@ -140,7 +195,7 @@ def test_a_step_launched_past_a_requests_end_never_reaches_the_next_request_in_i
     its audio alone, and the one that ran to the end of its KV slot (max_model_len - prompt - 1 frames, the
     spare position takes the extra frame's key) must end cleanly."""
     async def audio(engine, request):
-        return np.concatenate([c async for c in engine.submit(request)])
+        return np.concatenate([c async for c in await engine.submit(request)])
 
     def fills_the_slot():
         return GenerationRequest(task="CustomVoice", text="Fill it.", speaker="vivian", max_new_tokens=63,

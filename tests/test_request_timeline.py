@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.request_timeline import pace
+from benchmarks.request_timeline import admissions, pace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,10 @@ def test_cli_prints_and_writes_the_pace(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, check=True)
     assert "generation pace" in done.stdout and "ms per step" in done.stdout
     written = json.loads(out.read_text())
-    assert set(written) == {"first wave", "later", "pace"} and len(written["pace"]) == 4
+    assert set(written) == {"first wave", "later", "admissions", "pace"} and len(written["pace"]) == 4
+    assert "first wave's admissions" in done.stdout
+    assert written["admissions"] == [{"at_ms": at, "prompts": None, "running": None, "prefill_ms": 4.8}
+                                     for at in (0.2, 10.2)]
     assert written["first wave"]["n"] == 2 and written["later"]["n"] == 2
     bad = subprocess.run([sys.executable, "benchmarks/request_timeline.py", str(log), "--concurrency", "2",
                           "--slices", "0"], cwd=ROOT, capture_output=True, text=True)
@@ -61,3 +64,18 @@ def test_cli_prints_and_writes_the_pace(tmp_path):
 def test_pace_slices_cover_the_span(slices):
     rows = pace([record(0.0, 0.0, 3000.0, 60), record(0.5, 0.0, 1000.0, 10)], slices=slices)
     assert len(rows) == slices and rows[0]["from_s"] == 0.0 and rows[-1]["to_s"] == 3.0
+
+
+def test_admissions_lists_each_prefill_once_in_order():
+    """Requests admitted together share their admitted and prefilled times: one row each, in the order they
+    began, timed from the first arrival."""
+    def admitted(arrival, admitted_ms, prefilled_ms, prompts, running):
+        return {"arrival": arrival, "outcome": "ok", "prefill_batch": prompts, "running": running,
+                "ms": {"submit": 0.5, "admitted": admitted_ms, "prefilled": prefilled_ms}}
+    rows = admissions([admitted(1.0, 2.0, 9.0, 1, 0), admitted(1.010, 4.0, 196.0, 2, 1),
+                       admitted(1.012, 2.0, 194.0, 2, 1), admitted(1.020, 20.0, 40.0, 1, 3),
+                       {"arrival": 1.03, "outcome": "failed", "ms": {"submit": 0.5}}])
+    assert rows == [{"at_ms": 2.0, "prompts": 1, "running": 0, "prefill_ms": 7.0},
+                    {"at_ms": 14.0, "prompts": 2, "running": 1, "prefill_ms": 192.0},
+                    {"at_ms": 40.0, "prompts": 1, "running": 3, "prefill_ms": 20.0}]
+    assert admissions([]) == []

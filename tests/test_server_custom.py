@@ -133,6 +133,8 @@ def test_errors_then_a_good_request(server, body, status, param):
 
 def test_protocol_errors_404_413_and_bad_json(server):
     for path, data, ctype, status in (("/v1/audio/speech", b"{not json", "application/json", 400),
+                                      ("/v1/audio/speech", b"", "application/json", 400),
+                                      ("/v1/audio/speech", b'{"input": "\xff\xfe"}', "application/json", 400),
                                       ("/v1/nothing", b"{}", "application/json", 404),
                                       ("/v1/audio/speech", b"x" * (17 * 1024 * 1024), "application/json", 413)):
         req = urllib.request.Request(server.url + path, data=data, method="POST", headers={"Content-Type": ctype})
@@ -140,7 +142,10 @@ def test_protocol_errors_404_413_and_bad_json(server):
             urllib.request.urlopen(req, timeout=60)
             raise AssertionError("expected an error")
         except urllib.error.HTTPError as e:
-            assert e.code == status and "error" in json.loads(e.read())
+            error = json.loads(e.read())["error"]
+            assert e.code == status
+            if status == 400:
+                assert error["code"] == "invalid_json" and "not valid JSON" in error["message"], (data[:20], error)
         except (ConnectionResetError, BrokenPipeError):
             assert status == 413  # the server may close before the client finishes sending 17 MB
     assert len(pcm_of(speech(server, response_format="pcm"))) == FRAMES * 1920

@@ -260,7 +260,7 @@ class SpeechServer:
         req = parse_speech_request(body, caps, max_chunk_frames=self.engine.info.chunk_frames)
         gen = await self._generation_request(req)
         try:
-            stream = self.engine.submit(gen)
+            stream = await self.engine.submit(gen)
             self.engine.observe("accept", time.monotonic() - t_arrival)
         except QueueFullError as exc:
             retry = str(self.engine.retry_after_s())

@@ -179,7 +179,7 @@ class CodecRunner:
         return len(self._free)
 
     def assign(self, stream: CodecStream) -> bool:
-        """Give the stream a slot if one is free (called on the event loop, like release)."""
+        """Give the stream a slot if one is free (called on the engine's loop, like release)."""
         if stream.slot is None and self._free:
             stream.slot = self._free.pop()
         return stream.slot is not None

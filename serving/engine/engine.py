@@ -1,9 +1,16 @@
 """The two-stage engine: talker + code predictor (stage 0) and codec (stage 1), joined by async queues.
 
-Both stages are asyncio tasks on the server's event loop that hand their tensor work to their own
-single-thread executor (one per device), so the loop keeps all bookkeeping single-threaded while the two
-stages compute at the same time: the talker never waits for the codec. Between talker steps, cancelled
-and finished requests leave (their KV slot is free for the very next step) and waiting ones are admitted.
+Both stages are asyncio tasks on the engine's own event loop, in its own thread, that hand their tensor work
+to their own single-thread executor (one per device), so the engine's loop keeps all bookkeeping
+single-threaded while the two stages compute at the same time: the talker never waits for the codec. Between
+talker steps, cancelled and finished requests leave (their KV slot is free for the very next step) and
+waiting ones are admitted.
+
+The engine's loop is not the HTTP server's: a step's launch and its codes each take a turn of the loop, and
+on the server's loop that turn waited behind every handler ready before it. A burst of voice clones (~235 kB
+bodies, ~1.7 ms of parsing each) held a first wave's prefill of 6 prompts for 192 ms on an H100 host
+(docs/performance.md). Requests cross over in `submit` (a turn of the engine's loop), each stream's audio
+and its cancellation by the loops' thread-safe calls.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import asyncio
 import gc
 import logging
 import math
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +35,8 @@ from serving.engine.scheduler import QueueFullError, Scheduler
 from serving.model.config import SAMPLE_RATE, GenerationDefaults
 
 log = logging.getLogger("serving.engine")
+
+RECENT_FRAMES_S = 5.0  # the window of stats()' frames_per_second
 
 # A request's milestones in the order it meets them, each the monotonic time it first happened (--request-log).
 TIMELINE = {
@@ -57,7 +67,8 @@ PHASES = {
                    "step's codes: the pace of frames, prefills run in between included (per step)",
     "codec_wait": "a chunk's frames all generated -> its codec call starts (per chunk)",
     "codec_call": "one batched codec call, codes in to waveforms on the host (per call)",
-    "deliver": "a chunk's waveform ready -> its HTTP handler takes it (per chunk): the event loop's lag",
+    "deliver": "a chunk's waveform ready -> its HTTP handler takes it (per chunk): the hop to the server's loop and "
+               "that loop's lag",
 }
 
 
@@ -137,10 +148,11 @@ class RequestFailed(Exception):
 class RequestStream:
     """The audio of one request, chunk by chunk, as an async iterator of float32 arrays."""
 
-    def __init__(self, engine: "Engine", request: GenerationRequest):
+    def __init__(self, engine: "Engine", request: GenerationRequest, reader: asyncio.AbstractEventLoop):
         self.engine = engine
         self.request = request
-        self.queue: asyncio.Queue = asyncio.Queue()
+        self.queue: asyncio.Queue = asyncio.Queue()  # read on `reader`, the loop of the request's handler
+        self._reader = reader
         self.frames = 0
         self.finished = False  # every chunk was delivered
         self.cancelled = False
@@ -157,6 +169,13 @@ class RequestStream:
 
     def mark(self, name: str, at: float) -> None:
         self.marks.setdefault(name, at)
+
+    def put(self, item) -> None:
+        """Hand the reader a chunk (waveform, when ready), None at the end, or an exception (the engine's thread)."""
+        try:
+            self._reader.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the reader's loop is closed: nobody is left to read
+            pass
 
     def __aiter__(self):
         return self
@@ -181,7 +200,10 @@ class RequestStream:
         """Stop generating: the slot frees before the next talker step."""
         if not self.cancelled and not self.finished:
             self.cancelled = True
-            self.engine._on_cancel(self)
+            try:
+                self.engine._loop.call_soon_threadsafe(self.engine._on_cancel, self)
+            except RuntimeError:  # the engine's loop is closed: shut down, its slots are gone
+                pass
 
 
 class Engine:
@@ -192,6 +214,8 @@ class Engine:
         self.runner = None  # TalkerRunner, built in start()
         self.codec = None  # CodecRunner
         self.scheduler: Scheduler[RequestStream] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the engine's own loop, run by self._thread
+        self._thread: threading.Thread | None = None
         self._talker_pool = ThreadPoolExecutor(1, thread_name_prefix="talker")
         self._codec_pool = ThreadPoolExecutor(1, thread_name_prefix="codec")
         self._voice_pool = ThreadPoolExecutor(1, thread_name_prefix="voices")  # new voices' encoders
@@ -209,8 +233,19 @@ class Engine:
         self.observe: Callable[[str, float], None] = lambda phase, seconds: None  # see PHASES; the server's metrics
 
     # --- lifecycle ---------------------------------------------------------------------------------------
+    async def _on_engine_loop(self, coro):
+        """Run a coroutine on the engine's loop and wait for it from the caller's loop."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
     async def start(self) -> None:
-        """Load both stages (each on its own thread and device), warm them up, then start the loops."""
+        """Start the engine's loop in its thread; there, load both stages (each on its own thread and device),
+        warm them up, then start the stages' loops."""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="engine", daemon=True)
+        self._thread.start()
+        await self._on_engine_loop(self._start())
+
+    async def _start(self) -> None:
         from serving.engine.loader import load_stages
 
         loop = asyncio.get_running_loop()
@@ -240,6 +275,16 @@ class Engine:
         self.ready = True
 
     async def shutdown(self) -> None:
+        if self._loop is None:  # never started
+            return
+        try:
+            await self._on_engine_loop(self._shutdown())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+            self._loop.close()
+
+    async def _shutdown(self) -> None:
         self._stopping = True
         self.ready = False
         for task in self._tasks + list(self._voice_tasks):
@@ -251,7 +296,7 @@ class Engine:
                 pass
         if self.scheduler is not None:
             for stream in list(self.scheduler.waiting) + [s for _, s in self.scheduler.running()]:
-                stream.queue.put_nowait(RequestFailed("the server is shutting down", 503))
+                stream.put(RequestFailed("the server is shutting down", 503))
         self._talker_pool.shutdown(wait=True, cancel_futures=True)
         self._codec_pool.shutdown(wait=True, cancel_futures=True)
         self._voice_pool.shutdown(wait=True, cancel_futures=True)
@@ -268,14 +313,26 @@ class Engine:
         return d
 
     # --- requests ----------------------------------------------------------------------------------------
-    def submit(self, request: GenerationRequest) -> RequestStream:
-        """Queue a request. Raises QueueFullError when over capacity, ValueError when it cannot fit."""
+    async def submit(self, request: GenerationRequest) -> RequestStream:
+        """Queue a request; its stream is read on the caller's loop. Raises QueueFullError when over capacity,
+        ValueError when it cannot fit."""
         if not self.ready:
             raise QueueFullError("the engine is not ready")
         if request.max_new_tokens >= self.config.max_model_len:
             raise ValueError(f"max_new_tokens {request.max_new_tokens} leaves no room for the prompt in "
                              f"--max-model-len {self.config.max_model_len}")
-        stream = RequestStream(self, request)
+        stream = RequestStream(self, request, asyncio.get_running_loop())
+        try:
+            await self._on_engine_loop(self._submit(stream))
+        except asyncio.CancelledError:  # its client left meanwhile: queued or not, the engine lets it go
+            stream.cancel()
+            raise
+        return stream
+
+    async def _submit(self, stream: RequestStream) -> None:
+        if stream.cancelled:  # its client left before the engine's loop got to it
+            return
+        request = stream.request
         self.scheduler.submit(stream)
         if self.runner.needs_voice(request):
             stream.voice_pending = True
@@ -283,7 +340,6 @@ class Engine:
             self._voice_tasks.add(task)
             task.add_done_callback(self._voice_tasks.discard)
         self._wake_talker.set()
-        return stream
 
     def _voice_job(self, request: GenerationRequest) -> asyncio.Future:
         """The encoding of a request's new voice on the voice thread, one per voice: the requests of a voice that
@@ -334,13 +390,14 @@ class Engine:
         return max(1, min(60, math.ceil(mean_e2e * waves)))
 
     def stats(self) -> dict[str, float]:
+        """Read from the server's thread: copies of the engine's lists (a copy in C holds the interpreter, so
+        the engine's thread cannot change one halfway)."""
         if self.scheduler is None:
             return {}
         now = time.monotonic()
-        while self._recent_frames and now - self._recent_frames[0][0] > 5.0:
-            self._recent_frames.popleft()
-        span = (now - self._recent_frames[0][0]) if len(self._recent_frames) > 1 else 0.0
-        recent = sum(n for _, n in self._recent_frames)
+        frames = [(t, n) for t, n in list(self._recent_frames) if now - t <= RECENT_FRAMES_S]
+        span = (now - frames[0][0]) if len(frames) > 1 else 0.0
+        recent = sum(n for _, n in frames)
         return {
             "queue_depth": self.scheduler.num_waiting,
             "running": self.scheduler.num_running,
@@ -348,7 +405,7 @@ class Engine:
             "kv_slots_free": self.scheduler.num_free,
             "frames_per_second": recent / span if span > 0 else 0.0,
             "frames_total": self._frames_total,
-            "codec_pending_frames": sum(len(s.codec.pending) for s in self._codec_streams),
+            "codec_pending_frames": sum(len(s.codec.pending) for s in list(self._codec_streams)),
         }
 
     # --- stage 0: talker ---------------------------------------------------------------------------------
@@ -386,7 +443,7 @@ class Engine:
             if inflight is not None:
                 last_codes = await self._deal(*inflight, last_codes)
             inflight = launched
-            await asyncio.sleep(0)  # let handlers run between steps
+            await asyncio.sleep(0)  # let the codec loop, voices and submissions run between steps
 
     async def _deal(self, handle, rows: list, launched: float, last_codes: float) -> float:
         """Wait for a launched step's codes and hand each row's frame to its stream; returns when they came.
@@ -420,6 +477,8 @@ class Engine:
                     stream.mark("first_due", now)
         self._frames_total += dealt
         self._recent_frames.append((now, dealt))
+        while now - self._recent_frames[0][0] > RECENT_FRAMES_S:
+            self._recent_frames.popleft()
         self._wake_codec.set()
         return now
 
@@ -477,7 +536,7 @@ class Engine:
         if stream in self._codec_streams:
             self._codec_streams.remove(stream)
             self.codec.release(stream.codec)
-        stream.queue.put_nowait(error)
+        stream.put(error)
 
     # --- stage 1: codec ----------------------------------------------------------------------------------
     async def _codec_loop(self) -> None:
@@ -519,7 +578,7 @@ class Engine:
                 stream.mark("first_codec_end", out_at)
                 stream.codec.delivered(out_at, len(wav) / SAMPLE_RATE)
                 if not stream.cancelled:
-                    stream.queue.put_nowait((wav, out_at))
+                    stream.put((wav, out_at))
 
     def _retire(self, stream: RequestStream) -> bool:
         """A stream leaves the codec stage, and gives back its codec slot, once all its audio is out (or its
@@ -528,7 +587,7 @@ class Engine:
             self.codec.release(stream.codec)
             return True
         if stream.codec.done:
-            stream.queue.put_nowait(None)
+            stream.put(None)
             self._recent_e2e.append(time.monotonic() - stream.marks["submit"])
             self.codec.release(stream.codec)
             return True
