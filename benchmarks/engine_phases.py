@@ -4,7 +4,9 @@
 
 gpu_bench.sh scrapes before and after each load level, so each level gets its own breakdown of where the time
 went inside the server (serving.engine.engine.PHASES): accept, voice, queue, prefill, talker_step, first_frames,
-codec_wait, codec_call, deliver. Prints one line, writes {phase: {"count", "mean_ms"}}.
+codec_wait, codec_call, deliver; and the codec's frames: those decoded to audio and those computed for them,
+padding to the captured (rows, frames) shapes included. Prints two lines, writes {phase: {"count", "mean_ms"}}
+and "codec_frames": {"decoded", "computed", "padded_share"}.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import re
 from pathlib import Path
 
 _LINE = re.compile(r'^ttsbench_engine_phase_seconds_(sum|count)\{phase="([a-z_]+)"\} ([0-9.eE+-]+)$')
+_CODEC = re.compile(r'^ttsbench_codec_frames_(decoded|computed)_total ([0-9.eE+-]+)$')
 
 
 def parse(text: str) -> dict[str, dict[str, float]]:
@@ -26,6 +29,10 @@ def parse(text: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def codec_frames(text: str) -> dict[str, float]:
+    return {m.group(1): float(m.group(2)) for m in map(_CODEC.match, (line.strip() for line in text.splitlines())) if m}
+
+
 def diff(before: str, after: str) -> dict[str, dict[str, float]]:
     a, b = parse(before), parse(after)
     result = {}
@@ -35,6 +42,11 @@ def diff(before: str, after: str) -> dict[str, dict[str, float]]:
         total = end.get("sum", 0.0) - start.get("sum", 0.0)
         if count > 0:
             result[phase] = {"count": int(count), "mean_ms": round(total / count * 1e3, 2)}
+    a, b = codec_frames(before), codec_frames(after)
+    decoded, computed = (b.get(k, 0.0) - a.get(k, 0.0) for k in ("decoded", "computed"))
+    if computed > 0:
+        result["codec_frames"] = {"decoded": int(decoded), "computed": int(computed),
+                                  "padded_share": round(1 - decoded / computed, 3)}
     return result
 
 
@@ -45,8 +57,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     phases = diff(args.before.read_text(), args.after.read_text())
+    codec = phases.get("codec_frames")
     print("  engine phases (mean ms, n): " + ", ".join(f"{k} {v['mean_ms']:.1f} ({v['count']})"
-                                                      for k, v in phases.items()))
+                                                      for k, v in phases.items() if k != "codec_frames"))
+    if codec:
+        print(f"  codec frames: {codec['decoded']} decoded, {codec['computed']} computed "
+              f"({codec['padded_share']:.1%} padding)")
     if args.json:
         args.json.write_text(json.dumps(phases, indent=1) + "\n")
 

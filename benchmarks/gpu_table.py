@@ -78,11 +78,13 @@ def main() -> None:
             from serving.engine.engine import PHASES
 
             names = tuple(PHASES)
-            print("| run | " + " | ".join(names) + " |")
-            print("|---" * (len(names) + 1) + "|")
+            print("| run | " + " | ".join(names) + " | codec padding |")
+            print("|---" * (len(names) + 2) + "|")
             for label, phases in phased:
+                padded = phases.get("codec_frames", {}).get("padded_share")
                 print(f"| {label} | " + " | ".join(f"{phases[n]['mean_ms']:.1f} ({phases[n]['count']})" if n in phases
-                                                   else "-" for n in names) + " |")
+                                                   else "-" for n in names)
+                      + f" | {'-' if padded is None else f'{padded:.1%}'} |")
             print()
     peers = sorted(out.glob("peer-*.json"))
     if peers:

@@ -10,10 +10,11 @@ with stage stubs: a decode step's codes are zeros for its rows, ready `--step-ms
 the previous step's end, as steps queue on a GPU (0: at once; a sleep otherwise, which frees the interpreter as a
 GPU wait does); a codec call returns zero samples for its chunks after `--codec-ms`. Closed-loop clients at each
 concurrency read the audio in-process (no HTTP). Reported per level: steps per second, ms per step, the engine
-process's CPU time per step (all threads), mean rows per step and per codec call, audio seconds per second (12.5
-frames per audio second), and that against the ideal of every stream busy at steps of exactly --step-ms (c x 80 ms
-of audio per step); and the lag in handing a chunk to its reader on the caller's loop (phase `deliver`). At
---step-ms 0 the steps per second are the host's ceiling.
+process's CPU time per step (all threads), mean rows per step and per codec call, the share of the frames a GPU's
+codec graphs would compute that is padding (StubCodec), audio seconds per second (12.5 frames per audio second),
+and that against the ideal of every stream busy at steps of exactly --step-ms (c x 80 ms of audio per step); and
+the lag in handing a chunk to its reader on the caller's loop (phase `deliver`). At --step-ms 0 the steps per
+second are the host's ceiling.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from unittest import mock
 
 import numpy as np
 
+from serving.engine.codec_graphs import cover, make_batch_buckets, make_frame_buckets
 from serving.engine.engine import Engine, EngineConfig, EngineInfo
 from serving.engine.request import GenerationRequest
 from serving.engine.scheduler import make_buckets
@@ -77,14 +79,18 @@ class StubTalker:
 
 
 class StubCodec:
-    """CodecRunner's interface to the engine; a call returns silence for its chunks after call_s."""
+    """CodecRunner's interface to the engine; a call returns silence for its chunks after call_s. It counts the
+    frames a GPU would compute for each call as CodecRunner does: the cheapest of the default graph shapes
+    (codec_graphs' batch and frames buckets) that covers the call's rows and its longest chunk."""
 
     graph_report = None
 
-    def __init__(self, num_slots: int, call_s: float):
+    def __init__(self, num_slots: int, call_s: float, buckets: list[tuple[int, int]]):
         self._free = list(range(num_slots))
         self.call_s = call_s
+        self.buckets = buckets
         self.calls = self.chunks = 0
+        self.frames_decoded = self.frames_computed = 0
 
     def warmup(self, frame_counts, prime_frames: int = 0) -> None:
         pass
@@ -105,6 +111,10 @@ class StubCodec:
     def decode(self, chunks: list) -> list[np.ndarray]:
         self.calls += 1
         self.chunks += len(chunks)
+        lengths = [len(c.codes) for c in chunks]
+        bucket = cover(self.buckets, len(chunks), max(lengths)) or (len(chunks), max(lengths))
+        self.frames_decoded += sum(lengths)
+        self.frames_computed += bucket[0] * bucket[1]
         if self.call_s:
             time.sleep(self.call_s)
         return [np.zeros(len(c.codes) * SAMPLES_PER_FRAME, dtype=np.float32) for c in chunks]
@@ -119,7 +129,9 @@ def _info(config: EngineConfig, slots: int) -> EngineInfo:
 async def run_level(concurrency: int, requests: int, frames: int, step_ms: float, codec_ms: float) -> dict:
     """One closed-loop level on a fresh engine: `requests` requests of `frames` frames each."""
     config = EngineConfig(model="stub", max_batch_size=concurrency, max_queue=requests)
-    talker, codec = StubTalker(concurrency, step_ms / 1000, frames), StubCodec(concurrency, codec_ms / 1000)
+    buckets = [(b, f) for b in make_batch_buckets(config.max_codec_batch)
+               for f in make_frame_buckets(config.first_chunk_frames, config.chunk_frames)]
+    talker, codec = StubTalker(concurrency, step_ms / 1000, frames), StubCodec(concurrency, codec_ms / 1000, buckets)
     engine = Engine(config)
     with mock.patch("serving.engine.loader.load_stages", lambda cfg: (talker, codec, _info(cfg, concurrency))):
         await engine.start()
@@ -150,6 +162,7 @@ async def run_level(concurrency: int, requests: int, frames: int, step_ms: float
            "cpu_ms_per_step": round(1000 * cpu / steps, 3), "rows_per_step": round(rows, 1),
            "codec_calls": codec.calls, "codec_chunks": codec.chunks,
            "rows_per_codec_call": round(codec.chunks / max(codec.calls, 1), 1),
+           "codec_padded_share": round(1 - codec.frames_decoded / max(codec.frames_computed, 1), 3),
            "audio_s": round(audio_s, 3), "audio_s_per_s": round(audio_s / wall, 1),
            "deliver_ms_p50": round(1000 * float(np.percentile(deliver, 50)), 3) if deliver else None,
            "deliver_ms_p95": round(1000 * float(np.percentile(deliver, 95)), 3) if deliver else None}
@@ -175,8 +188,8 @@ def main() -> None:
         ap.error("levels must be at least 1 and step times at least 0")
     print(f"# {platform.processor() or platform.machine()}, python {platform.python_version()}; "
           f"{args.frames} frames per request, codec call {args.codec_ms} ms")
-    header = ("c", "step_ms", "steps/s", "ms/step", "cpu ms/step", "rows/step", "rows/codec call", "audio s/s",
-              "of ideal", "deliver p50/p95 ms")
+    header = ("c", "step_ms", "steps/s", "ms/step", "cpu ms/step", "rows/step", "rows/codec call", "codec padding",
+              "audio s/s", "of ideal", "deliver p50/p95 ms")
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     rows = []
     for step_ms in step_times:
@@ -184,7 +197,8 @@ def main() -> None:
             r = asyncio.run(run_level(c, c * args.requests_per_stream, args.frames, step_ms, args.codec_ms))
             rows.append(r)
             print(f"| {c} | {step_ms:g} | {r['steps_per_s']} | {r['ms_per_step']} | {r['cpu_ms_per_step']} | "
-                  f"{r['rows_per_step']} | {r['rows_per_codec_call']} | {r['audio_s_per_s']} | "
+                  f"{r['rows_per_step']} | {r['rows_per_codec_call']} | {r['codec_padded_share']:.1%} | "
+                  f"{r['audio_s_per_s']} | "
                   f"{r.get('of_ideal', '-')} | {r['deliver_ms_p50']} / {r['deliver_ms_p95']} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from benchmarks.host_overhead import StubTalker, run_level
+from benchmarks.host_overhead import StubCodec, StubTalker, run_level
+from serving.engine.codec_stage import CodecChunk
 from serving.model.codec_stream import chunk_plan
 
 
@@ -25,3 +26,18 @@ def test_an_emulated_step_starts_when_the_one_before_it_is_done():
     assert second - first == pytest.approx(10.0)
     row = asyncio.run(run_level(concurrency=2, requests=2, frames=20, step_ms=2, codec_ms=1))
     assert row["audio_s"] == 2 * 20 / 12.5 and 0 < row["of_ideal"] <= 1
+
+
+def test_the_stub_codec_counts_the_padding_a_gpu_call_would_compute():
+    """As CodecRunner with graphs: the cheapest covering (rows, frames) shape, or the call's own beyond them."""
+    import numpy as np
+
+    codec = StubCodec(num_slots=8, call_s=0, buckets=[(1, 25), (4, 2), (4, 25), (8, 25)])
+    chunk = lambda frames: CodecChunk(0, np.zeros((frames, 16), dtype=np.int64), True)  # noqa: E731
+    codec.decode([chunk(25), chunk(2), chunk(4)])
+    assert (codec.frames_decoded, codec.frames_computed) == (31, 100)
+    codec.decode([chunk(2)] * 3)
+    codec.decode([chunk(30)])
+    assert (codec.frames_decoded, codec.frames_computed) == (67, 138)
+    row = asyncio.run(run_level(concurrency=4, requests=8, frames=30, step_ms=0, codec_ms=0))
+    assert 0 <= row["codec_padded_share"] < 1

@@ -15,6 +15,7 @@ import pytest
 import soundfile as sf
 
 from tests.server_fixtures import ServerThread, logged, post_json
+from benchmarks import engine_phases
 from benchmarks.request_timeline import STEPS, split_waves, summarise
 from serving.engine.engine import PHASES, TIMELINE
 
@@ -216,10 +217,19 @@ def test_metrics_break_requests_down_by_engine_phase(server):
         m = server.metrics()
         return {phase: m.get(f'ttsbench_engine_phase_seconds_count{{phase="{phase}"}}', 0.0) for phase in PHASES}
 
-    before = counts()
+    def scrape():
+        with urllib.request.urlopen(server.url + "/metrics", timeout=10) as resp:
+            return resp.read().decode()
+
+    before, text_before = counts(), scrape()
     status, _, body = speech(server, response_format="pcm", stream=True)
     assert status == 200 and len(body) == FRAMES * 1920 * 2
-    after = counts()
+    after, text_after = counts(), scrape()
+    # benchmarks/engine_phases.py reads the same scrapes: the request's frames all decoded, and on a CPU (no
+    # graphs) a call computes its rows x its longest chunk, so the padding is what mixed chunk lengths leave
+    codec = engine_phases.diff(text_before, text_after)["codec_frames"]
+    assert codec["decoded"] == FRAMES and codec["computed"] >= codec["decoded"]
+    assert codec["padded_share"] == round(1 - codec["decoded"] / codec["computed"], 3)
     gained = {phase: after[phase] - before[phase] for phase in PHASES}
     assert gained["queue"] == 1 and gained["first_frames"] == 1 and gained["prefill"] >= 1
     assert gained["talker_step"] >= FRAMES  # one step per frame (other requests' steps would only add)

@@ -169,6 +169,9 @@ class CodecRunner:
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
         self._primed = LRU(primed_cache_size)  # reference codes' hash -> the state priming leaves
         self.prime_graphs: PrimeGraphs | None = None  # made at warm-up for voice clone models (see warmup)
+        # Frames served since warm-up, and frames computed for them: a call runs the cheapest captured shape that
+        # covers its rows and its longest chunk, so the two differ by the padding (/metrics)
+        self.frames_decoded = self.frames_computed = 0
 
     @property
     def num_slots(self) -> int:
@@ -213,6 +216,8 @@ class CodecRunner:
         lengths = [len(c.codes) for c in chunks]
         frames = max(lengths)
         bucket = self.graphs.covering(len(rows), frames) if self.graphs is not None else None
+        self.frames_decoded += sum(lengths)
+        self.frames_computed += bucket[0] * bucket[1] if bucket is not None else len(rows) * frames
         if bucket is not None:
             wav = self.graphs.replay(bucket, *pad_rows(rows, *bucket, self.pool.scratch_slot, self.num_quantizers))
         else:
@@ -298,3 +303,4 @@ class CodecRunner:
                 torch.backends.cudnn.benchmark = previous
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        self.frames_decoded = self.frames_computed = 0

@@ -406,6 +406,8 @@ class Engine:
             "frames_per_second": recent / span if span > 0 else 0.0,
             "frames_total": self._frames_total,
             "codec_pending_frames": sum(len(s.codec.pending) for s in list(self._codec_streams)),
+            "codec_frames_decoded": self.codec.frames_decoded,
+            "codec_frames_computed": self.codec.frames_computed,
         }
 
     # --- stage 0: talker ---------------------------------------------------------------------------------
