@@ -143,6 +143,18 @@ def test_the_engine_steps_while_the_callers_loop_is_busy():
     assert during >= 1 and samples == 30 * 1920
 
 
+def test_shutdown_twice_and_before_start():
+    async def main():
+        engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), **CONFIG))
+        await engine.shutdown()  # never started: nothing to stop
+        await engine.start()
+        await engine.shutdown()
+        await engine.shutdown()
+        return engine.ready
+
+    assert asyncio.run(main()) is False
+
+
 def test_a_client_that_leaves_during_its_submission_leaves_nothing_running():
     """submit() hands the request to the engine's loop and waits; a handler cancelled meanwhile (its client left)
     never gets the stream to cancel, so submit cancels it: whether the engine had queued it or not, nothing of

@@ -275,7 +275,7 @@ class Engine:
         self.ready = True
 
     async def shutdown(self) -> None:
-        if self._loop is None:  # never started
+        if self._loop is None or self._loop.is_closed():  # never started, or already shut down
             return
         try:
             await self._on_engine_loop(self._shutdown())
