@@ -259,3 +259,31 @@ def test_request_log_gives_each_request_its_timeline(server):
     assert summary["steps"]["first_audio"]["p50"] == round(ms["first_sent"], 2)
     waves = split_waves([{"outcome": "ok", "i": i} for i in range(5)] + [{"outcome": "failed"}], 2, warmup=1)
     assert [r["i"] for r in waves["first wave"]] == [1, 2] and [r["i"] for r in waves["later"]] == [3, 4]
+
+
+def test_a_checkpoint_that_fails_to_load_is_reported_and_the_engine_stops(tmp_path, monkeypatch):
+    """The engine loads on its own loop and thread; a load that fails there reaches /health (503, status error)
+    and every speech request (503 model_load_failed), and stopping the server stops the engine's thread."""
+    import shutil
+
+    from serving.engine.checkpoint import resolve_model
+
+    ckpt = tmp_path / "broken"
+    shutil.copytree(resolve_model("tiny-random"), ckpt)
+    (ckpt / "model.safetensors").write_bytes(b"not a safetensors file")
+    monkeypatch.setattr(ServerThread, "_wait_healthy", lambda self: None)
+    broken = ServerThread(str(ckpt), tmp_path / "voices")
+    try:
+        deadline = time.monotonic() + 120
+        while broken.server._startup_error is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        try:
+            urllib.request.urlopen(broken.url + "/health", timeout=10)
+            raise AssertionError("expected 503")
+        except urllib.error.HTTPError as e:
+            assert e.code == 503 and json.loads(e.read())["status"] == "error"
+        status, _, body = post_json(broken.url + "/v1/audio/speech", {"input": "hi", "voice": "vivian"})
+        assert status == 503 and json.loads(body)["error"]["code"] == "model_load_failed"
+    finally:
+        broken.stop()
+    assert not broken.server.engine._thread.is_alive()
