@@ -29,6 +29,7 @@ from unittest import mock
 import numpy as np
 
 from serving.engine.codec_graphs import cover, make_batch_buckets, make_frame_buckets
+from serving.engine.codec_stage import call_frames
 from serving.engine.engine import Engine, EngineConfig, EngineInfo
 from serving.engine.request import GenerationRequest
 from serving.engine.scheduler import make_buckets
@@ -112,9 +113,9 @@ class StubCodec:
         self.calls += 1
         self.chunks += len(chunks)
         lengths = [len(c.codes) for c in chunks]
-        bucket = cover(self.buckets, len(chunks), max(lengths)) or (len(chunks), max(lengths))
-        self.frames_decoded += sum(lengths)
-        self.frames_computed += bucket[0] * bucket[1]
+        decoded, computed = call_frames(lengths, cover(self.buckets, len(chunks), max(lengths)))
+        self.frames_decoded += decoded
+        self.frames_computed += computed
         if self.call_s:
             time.sleep(self.call_s)
         return [np.zeros(len(c.codes) * SAMPLES_PER_FRAME, dtype=np.float32) for c in chunks]
@@ -162,6 +163,7 @@ async def run_level(concurrency: int, requests: int, frames: int, step_ms: float
            "cpu_ms_per_step": round(1000 * cpu / steps, 3), "rows_per_step": round(rows, 1),
            "codec_calls": codec.calls, "codec_chunks": codec.chunks,
            "rows_per_codec_call": round(codec.chunks / max(codec.calls, 1), 1),
+           "codec_frames_decoded": codec.frames_decoded, "codec_frames_computed": codec.frames_computed,
            "codec_padded_share": round(1 - codec.frames_decoded / max(codec.frames_computed, 1), 3),
            "audio_s": round(audio_s, 3), "audio_s_per_s": round(audio_s / wall, 1),
            "deliver_ms_p50": round(1000 * float(np.percentile(deliver, 50)), 3) if deliver else None,

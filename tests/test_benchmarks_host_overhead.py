@@ -40,4 +40,6 @@ def test_the_stub_codec_counts_the_padding_a_gpu_call_would_compute():
     codec.decode([chunk(30)])
     assert (codec.frames_decoded, codec.frames_computed) == (67, 138)
     row = asyncio.run(run_level(concurrency=4, requests=8, frames=30, step_ms=0, codec_ms=0))
-    assert 0 <= row["codec_padded_share"] < 1
+    # every frame decoded once; the shapes' padding on top, and the share follows from the two
+    assert row["codec_frames_decoded"] == 8 * 30 and row["codec_frames_computed"] >= 8 * 30
+    assert row["codec_padded_share"] == round(1 - 8 * 30 / row["codec_frames_computed"], 3)

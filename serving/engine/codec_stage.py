@@ -141,6 +141,13 @@ def next_batch(ready: list[T], limit: int, codec: Callable[[T], CodecStream], no
     return [], min(oldest + wait, needed_by(codec(order[0]), wait) - 2 * wait)
 
 
+def call_frames(lengths: list[int], shape: tuple[int, int] | None) -> tuple[int, int]:
+    """(frames decoded, frames computed) of a codec call of chunks of `lengths` frames that runs `shape` (rows,
+    frames), or its own shape (its rows by its longest chunk) where None: the difference is padding."""
+    rows, frames = shape if shape is not None else (len(lengths), max(lengths))
+    return sum(lengths), rows * frames
+
+
 class CodecRunner:
     """The codec's state pool and the batched decode of chunks on the codec's device.
 
@@ -216,8 +223,9 @@ class CodecRunner:
         lengths = [len(c.codes) for c in chunks]
         frames = max(lengths)
         bucket = self.graphs.covering(len(rows), frames) if self.graphs is not None else None
-        self.frames_decoded += sum(lengths)
-        self.frames_computed += bucket[0] * bucket[1] if bucket is not None else len(rows) * frames
+        decoded, computed = call_frames(lengths, bucket)
+        self.frames_decoded += decoded
+        self.frames_computed += computed
         if bucket is not None:
             wav = self.graphs.replay(bucket, *pad_rows(rows, *bucket, self.pool.scratch_slot, self.num_quantizers))
         else:
@@ -290,8 +298,8 @@ class CodecRunner:
                                             self.device)
         if self.graphs is not None:
             # cuDNN times its convolution algorithms for the buckets' fixed shapes and the graphs keep the fastest
-            # (measured 10-30% per call on an H100); only here: eager calls (long references' priming, oversized batches) have
-            # shapes that follow the input and would pay a new search for every new length
+            # (measured 10-30% per call on an H100); only here: eager calls (long references' priming, oversized
+            # batches) have shapes that follow the input and would pay a new search for every new length
             previous = torch.backends.cudnn.benchmark
             torch.backends.cudnn.benchmark = self.device.type == "cuda"
             try:
