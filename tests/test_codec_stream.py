@@ -164,6 +164,21 @@ def test_a_restarted_slot_forgets_its_previous_stream(small_window):
     assert max_dev(stream(pool, 0, c, [3, 9]), one_shot(small_window, c)) < TOL
 
 
+def test_snapshots_restored_into_several_slots_at_once(small_window):
+    """restore() writes each slot its own snapshot in one indexed copy per buffer (a first wave of clones restores
+    dozens of slots in one codec call); the other slots keep their state, and each restored stream continues as
+    its snapshot's would have."""
+    pool = IncrementalCodecDecoder(small_window, num_slots=6)
+    for slot, seed in ((0, 1), (1, 2), (5, 3)):
+        stream(pool, slot, codes(9 + slot, seed), [4])
+    a, b, untouched = pool.snapshot(0), pool.snapshot(1), pool.snapshot(5)
+    pool.restore([2, 3, 4], [a, b, a])
+    for slot, expected in ((2, a), (3, b), (4, a), (5, untouched)):
+        assert all(torch.equal(x, y) for x, y in zip(pool.snapshot(slot), expected)), slot
+    more = codes(6, 9)
+    assert torch.equal(stream(pool, 3, more, [3], fresh=False), stream(pool, 1, more, [3], fresh=False))
+
+
 def test_step_traces_as_one_graph_without_host_syncs(small_window):
     """torch.compile with fullgraph=True fails on anything data-dependent on the host (.item(), Python branches
     on tensor values): a step that traces whole can be captured as a CUDA graph per (batch, frames) shape."""

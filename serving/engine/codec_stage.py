@@ -241,13 +241,14 @@ class CodecRunner:
         not once per request. A call's chunks that share a new reference prime it once too (a first wave of 128
         clones of 8 voices reaches the codec as 64-row calls: 8 rows to prime, not 64)."""
         fresh: dict[str, list[CodecChunk]] = {}
+        restored: list[tuple[int, list[torch.Tensor]]] = []
         for c in chunks:
             key = hashlib.sha1(c.prime.astype(np.int64).tobytes()).hexdigest()
             state = self._primed.get(key)
             if state is None:
                 fresh.setdefault(key, []).append(c)
             else:
-                self.pool.restore(c.slot, state)
+                restored.append((c.slot, state))
         if fresh:
             batch = self.pool.prime_batch([(same[0].slot, torch.from_numpy(same[0].prime)) for same in fresh.values()])
             if self.prime_graphs is None or not self.prime_graphs.run(*batch):
@@ -255,8 +256,8 @@ class CodecRunner:
         for key, same in fresh.items():
             state = self.pool.snapshot(same[0].slot)
             self._primed.put(key, state)
-            for c in same[1:]:
-                self.pool.restore(c.slot, state)
+            restored += [(c.slot, state) for c in same[1:]]
+        self.pool.restore([slot for slot, _ in restored], [state for _, state in restored])
 
     def _to_host(self, wav: torch.Tensor) -> np.ndarray:
         """The call's waveforms on the host, as float32. On a GPU: one asynchronous copy into a pinned buffer and
