@@ -195,3 +195,36 @@ def test_prompt_pieces_are_memoised_until_the_weights_change(tmp_path):
     changed = tts.prompts.build(req).prefill
     fresh = type(tts.prompts)(tts.cfg, tts.model.talker, tts.prompts.tokenizer)
     assert not torch.allclose(changed, first) and torch.equal(changed, fresh.build(req).prefill)
+
+
+def test_a_voices_prompt_pieces_are_built_once_per_voice(base, monkeypatch):
+    """A voice's x-vector and reference codes reach the device, and the codes' frames are embedded, once per
+    distinct voice, not per request (a burst of clones of a few voices built them in lock step with the GPU); the
+    prompts equal those built without the memo, and changed weights clear it."""
+    hidden, groups = base.cfg.talker.transformer.hidden_size, base.cfg.talker.num_code_groups
+    voices = [(torch.randn(hidden), torch.randint(0, 64, (5 + i, groups))) for i in range(2)]
+    reqs = [SynthesisRequest(text=f"Clone number {i}.", task="voice_clone", language="english",
+                             speaker_embedding=voices[i % 2][0].clone(), ref_codes=voices[i % 2][1].clone(),
+                             ref_text="The reference said this.") for i in range(5)]
+    talker = base.model.talker
+    embedded = []
+    real = type(talker).embed_frame
+    monkeypatch.setattr(type(talker), "embed_frame", lambda self, codes: embedded.append(codes.shape[0]) or real(self, codes))
+    fresh = type(base.prompts)(base.cfg, talker, base.prompts.tokenizer)
+    memo = fresh.build_many(reqs)
+    assert sorted(embedded) == [5, 6]  # equal copies of a voice share its pieces
+    monkeypatch.setattr("serving.model.prompt.VOICE_MEMO_SIZE", 0)
+    without = type(base.prompts)(base.cfg, talker, base.prompts.tokenizer).build_many(reqs)
+    assert len(embedded) == 2 + 5
+    for a, b in zip(memo, without):
+        assert torch.equal(a.prefill, b.prefill) and torch.equal(a.trailing, b.trailing)
+    monkeypatch.setattr("serving.model.prompt.VOICE_MEMO_SIZE", 64)
+    with torch.no_grad():
+        talker.model.codec_embedding.weight.mul_(2.0)
+    try:
+        changed = fresh.build(reqs[0]).prefill
+        assert len(embedded) == 2 + 5 + 1
+        assert torch.equal(changed, type(base.prompts)(base.cfg, talker, base.prompts.tokenizer).build(reqs[0]).prefill)
+    finally:
+        with torch.no_grad():
+            talker.model.codec_embedding.weight.div_(2.0)
