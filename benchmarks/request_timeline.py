@@ -74,20 +74,26 @@ def split_waves(records: list[dict], concurrency: int, warmup: int = 0) -> dict[
             "later": [r for i, r in measured if i >= concurrency]}
 
 
+ADMISSION_GAP_MS = 0.5
+
+
 def admissions(records: list[dict]) -> list[dict]:
     """[{"at_ms", "prompts", "running", "prefill_ms"}] of the admissions the records met, in order; at_ms counts
-    from the first record's arrival. Requests admitted together share their admitted and prefilled times."""
+    from the first record's arrival. Requests admitted together share their admitted and prefilled instants, to
+    within the log's rounding (each record's times are rounded from its own arrival), so instants less than
+    ADMISSION_GAP_MS apart are one admission; two admissions are at least a prefill apart."""
     if not records:
         return []
     start = records[0]["arrival"]
-    seen = {}
-    for r in records:
-        ms = r["ms"]
-        if "admitted" in ms and "prefilled" in ms:
-            at = round((r["arrival"] - start) * 1e3 + ms["admitted"], 1)
-            seen.setdefault(at, {"at_ms": at, "prompts": r.get("prefill_batch"), "running": r.get("running"),
-                                 "prefill_ms": round(ms["prefilled"] - ms["admitted"], 1)})
-    return [seen[at] for at in sorted(seen)]
+    instants = sorted(((r["arrival"] - start) * 1e3 + r["ms"]["admitted"], r) for r in records
+                      if "admitted" in r["ms"] and "prefilled" in r["ms"])
+    rows, last = [], None
+    for at, r in instants:
+        if last is None or at - last >= ADMISSION_GAP_MS:
+            rows.append({"at_ms": round(at, 1), "prompts": r.get("prefill_batch"), "running": r.get("running"),
+                         "prefill_ms": round(r["ms"]["prefilled"] - r["ms"]["admitted"], 1)})
+        last = at
+    return rows
 
 
 def render_admissions(rows: list[dict]) -> str:
