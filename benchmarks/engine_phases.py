@@ -5,8 +5,9 @@
 gpu_bench.sh scrapes before and after each load level, so each level gets its own breakdown of where the time
 went inside the server (serving.engine.engine.PHASES): accept, voice, queue, prefill, talker_step, first_frames,
 codec_wait, codec_call, deliver; and the codec's frames: those decoded to audio and those computed for them,
-padding to the captured (rows, frames) shapes included. Prints two lines, writes {phase: {"count", "mean_ms"}}
-and "codec_frames": {"decoded", "computed", "padded_share"}.
+padding to the captured (rows, frames) shapes included, that padding split into rows that only fill a call's
+batch and chunks shorter than their call's longest. Prints two lines, writes {phase: {"count", "mean_ms"}} and
+"codec_frames": {"decoded", "computed", "padded_share", "rows_share", "lengths_share"} (shares of computed).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import re
 from pathlib import Path
 
 _LINE = re.compile(r'^ttsbench_engine_phase_seconds_(sum|count)\{phase="([a-z_]+)"\} ([0-9.eE+-]+)$')
-_CODEC = re.compile(r'^ttsbench_codec_frames_(decoded|computed)_total ([0-9.eE+-]+)$')
+_CODEC = re.compile(r'^ttsbench_codec_frames_(decoded|computed|padding_rows)_total ([0-9.eE+-]+)$')
 
 
 def parse(text: str) -> dict[str, dict[str, float]]:
@@ -43,10 +44,12 @@ def diff(before: str, after: str) -> dict[str, dict[str, float]]:
         if count > 0:
             result[phase] = {"count": int(count), "mean_ms": round(total / count * 1e3, 2)}
     a, b = codec_frames(before), codec_frames(after)
-    decoded, computed = (b.get(k, 0.0) - a.get(k, 0.0) for k in ("decoded", "computed"))
+    decoded, computed, rows = (b.get(k, 0.0) - a.get(k, 0.0) for k in ("decoded", "computed", "padding_rows"))
     if computed > 0:
         result["codec_frames"] = {"decoded": int(decoded), "computed": int(computed),
-                                  "padded_share": round(1 - decoded / computed, 3)}
+                                  "padded_share": round(1 - decoded / computed, 3),
+                                  "rows_share": round(rows / computed, 3),
+                                  "lengths_share": round((computed - rows - decoded) / computed, 3)}
     return result
 
 
@@ -62,7 +65,8 @@ def main() -> None:
                                                       for k, v in phases.items() if k != "codec_frames"))
     if codec:
         print(f"  codec frames: {codec['decoded']} decoded, {codec['computed']} computed "
-              f"({codec['padded_share']:.1%} padding)")
+              f"({codec['padded_share']:.1%} padding: {codec['rows_share']:.1%} rows filling a batch, "
+              f"{codec['lengths_share']:.1%} chunks shorter than their call's longest)")
     if args.json:
         args.json.write_text(json.dumps(phases, indent=1) + "\n")
 

@@ -31,6 +31,16 @@ def floor_audio_per_s(decode: list[dict], concurrency: int) -> float | None:
     return concurrency * 1e3 / nearest["floor_ms"] / FPS
 
 
+def padding(codec: dict | None) -> str:
+    """A level's codec padding: the share of frames computed that no one hears, and its two parts (rows that
+    only fill a call's batch + chunks shorter than their call's longest) where the server counted them."""
+    if codec is None:
+        return "-"
+    if "rows_share" not in codec:
+        return f"{codec['padded_share']:.1%}"
+    return f"{codec['padded_share']:.1%} ({codec['rows_share']:.1%} + {codec['lengths_share']:.1%})"
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     runs = Path(sys.argv[2]) if len(sys.argv) > 2 else out / "runs"
@@ -78,13 +88,12 @@ def main() -> None:
             from serving.engine.engine import PHASES
 
             names = tuple(PHASES)
-            print("| run | " + " | ".join(names) + " | codec padding |")
+            print("| run | " + " | ".join(names) + " | codec padding (rows + lengths) |")
             print("|---" * (len(names) + 2) + "|")
             for label, phases in phased:
-                padded = phases.get("codec_frames", {}).get("padded_share")
                 print(f"| {label} | " + " | ".join(f"{phases[n]['mean_ms']:.1f} ({phases[n]['count']})" if n in phases
                                                    else "-" for n in names)
-                      + f" | {'-' if padded is None else f'{padded:.1%}'} |")
+                      + f" | {padding(phases.get('codec_frames'))} |")
             print()
     peers = sorted(out.glob("peer-*.json"))
     if peers:

@@ -91,7 +91,7 @@ class StubCodec:
         self.call_s = call_s
         self.buckets = buckets
         self.calls = self.chunks = 0
-        self.frames_decoded = self.frames_computed = 0
+        self.frames_decoded = self.frames_computed = self.frames_padding_rows = 0
 
     def warmup(self, frame_counts, prime_frames: int = 0) -> None:
         pass
@@ -113,9 +113,10 @@ class StubCodec:
         self.calls += 1
         self.chunks += len(chunks)
         lengths = [len(c.codes) for c in chunks]
-        decoded, computed = call_frames(lengths, cover(self.buckets, len(chunks), max(lengths)))
+        decoded, computed, padding_rows = call_frames(lengths, cover(self.buckets, len(chunks), max(lengths)))
         self.frames_decoded += decoded
         self.frames_computed += computed
+        self.frames_padding_rows += padding_rows
         if self.call_s:
             time.sleep(self.call_s)
         return [np.zeros(len(c.codes) * SAMPLES_PER_FRAME, dtype=np.float32) for c in chunks]
@@ -165,6 +166,7 @@ async def run_level(concurrency: int, requests: int, frames: int, step_ms: float
            "rows_per_codec_call": round(codec.chunks / max(codec.calls, 1), 1),
            "codec_frames_decoded": codec.frames_decoded, "codec_frames_computed": codec.frames_computed,
            "codec_padded_share": round(1 - codec.frames_decoded / max(codec.frames_computed, 1), 3),
+           "codec_padding_rows_share": round(codec.frames_padding_rows / max(codec.frames_computed, 1), 3),
            "audio_s": round(audio_s, 3), "audio_s_per_s": round(audio_s / wall, 1),
            "deliver_ms_p50": round(1000 * float(np.percentile(deliver, 50)), 3) if deliver else None,
            "deliver_ms_p95": round(1000 * float(np.percentile(deliver, 95)), 3) if deliver else None}
@@ -199,7 +201,8 @@ def main() -> None:
             r = asyncio.run(run_level(c, c * args.requests_per_stream, args.frames, step_ms, args.codec_ms))
             rows.append(r)
             print(f"| {c} | {step_ms:g} | {r['steps_per_s']} | {r['ms_per_step']} | {r['cpu_ms_per_step']} | "
-                  f"{r['rows_per_step']} | {r['rows_per_codec_call']} | {r['codec_padded_share']:.1%} | "
+                  f"{r['rows_per_step']} | {r['rows_per_codec_call']} | {r['codec_padded_share']:.1%} "
+                  f"({r['codec_padding_rows_share']:.1%} rows) | "
                   f"{r['audio_s_per_s']} | "
                   f"{r.get('of_ideal', '-')} | {r['deliver_ms_p50']} / {r['deliver_ms_p95']} |", flush=True)
     if args.json:

@@ -34,12 +34,13 @@ def test_the_stub_codec_counts_the_padding_a_gpu_call_would_compute():
 
     codec = StubCodec(num_slots=8, call_s=0, buckets=[(1, 25), (4, 2), (4, 25), (8, 25)])
     chunk = lambda frames: CodecChunk(0, np.zeros((frames, 16), dtype=np.int64), True)  # noqa: E731
-    codec.decode([chunk(25), chunk(2), chunk(4)])
-    assert (codec.frames_decoded, codec.frames_computed) == (31, 100)
-    codec.decode([chunk(2)] * 3)
-    codec.decode([chunk(30)])
-    assert (codec.frames_decoded, codec.frames_computed) == (67, 138)
+    codec.decode([chunk(25), chunk(2), chunk(4)])  # (4, 25): one row only fills the batch
+    assert (codec.frames_decoded, codec.frames_computed, codec.frames_padding_rows) == (31, 100, 25)
+    codec.decode([chunk(2)] * 3)  # (4, 2)
+    codec.decode([chunk(30)])  # its own shape
+    assert (codec.frames_decoded, codec.frames_computed, codec.frames_padding_rows) == (67, 138, 27)
     row = asyncio.run(run_level(concurrency=4, requests=8, frames=30, step_ms=0, codec_ms=0))
     # every frame decoded once; the shapes' padding on top, and the share follows from the two
     assert row["codec_frames_decoded"] == 8 * 30 and row["codec_frames_computed"] >= 8 * 30
     assert row["codec_padded_share"] == round(1 - 8 * 30 / row["codec_frames_computed"], 3)
+    assert 0 <= row["codec_padding_rows_share"] <= row["codec_padded_share"]

@@ -264,11 +264,14 @@ def test_a_priming_graphs_padding_rows_leave_other_slots_alone(decoder):
 
 def test_frames_computed_count_the_padding_of_the_shape_each_call_runs(decoder):
     """/metrics' codec frames: a call of 3 rows with chunks of 3, 2 and 1 frames runs the (4, 4) graph, 16 frames
-    computed for 6 decoded; a call beyond every shape runs its own (2 x 30); warm-up's calls are not counted."""
+    computed for 6 decoded, 4 of them a row that only fills the batch; a call beyond every shape runs its own (2 x
+    30); warm-up's calls are not counted."""
     runner = graph_runner(copy.deepcopy(decoder))
     runner.warmup((4,))
-    assert (runner.frames_decoded, runner.frames_computed) == (0, 0)
+    assert (runner.frames_decoded, runner.frames_computed, runner.frames_padding_rows) == (0, 0, 0)
     runner.decode([CodecChunk(0, codes(3, 1), True), CodecChunk(1, codes(2, 2), True), CodecChunk(2, codes(1, 3), True)])
-    assert runner.replayed == [(4, 4)] and (runner.frames_decoded, runner.frames_computed) == (6, 16)
+    assert runner.replayed == [(4, 4)]
+    assert (runner.frames_decoded, runner.frames_computed, runner.frames_padding_rows) == (6, 16, 4)  # 1 row x 4
     runner.decode([CodecChunk(0, codes(30, 4), False), CodecChunk(1, codes(5, 5), False)])
-    assert runner.replayed == [(4, 4)] and (runner.frames_decoded, runner.frames_computed) == (41, 76)
+    assert runner.replayed == [(4, 4)]
+    assert (runner.frames_decoded, runner.frames_computed, runner.frames_padding_rows) == (41, 76, 4)

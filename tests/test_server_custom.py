@@ -230,6 +230,7 @@ def test_metrics_break_requests_down_by_engine_phase(server):
     codec = engine_phases.diff(text_before, text_after)["codec_frames"]
     assert codec["decoded"] == FRAMES and codec["computed"] >= codec["decoded"]
     assert codec["padded_share"] == round(1 - codec["decoded"] / codec["computed"], 3)
+    assert codec["rows_share"] == 0 and codec["lengths_share"] == codec["padded_share"]
     gained = {phase: after[phase] - before[phase] for phase in PHASES}
     assert gained["queue"] == 1 and gained["first_frames"] == 1 and gained["prefill"] >= 1
     assert gained["talker_step"] >= FRAMES  # one step per frame (other requests' steps would only add)

@@ -141,11 +141,13 @@ def next_batch(ready: list[T], limit: int, codec: Callable[[T], CodecStream], no
     return [], min(oldest + wait, needed_by(codec(order[0]), wait) - 2 * wait)
 
 
-def call_frames(lengths: list[int], shape: tuple[int, int] | None) -> tuple[int, int]:
-    """(frames decoded, frames computed) of a codec call of chunks of `lengths` frames that runs `shape` (rows,
-    frames), or its own shape (its rows by its longest chunk) where None: the difference is padding."""
+def call_frames(lengths: list[int], shape: tuple[int, int] | None) -> tuple[int, int, int]:
+    """(frames decoded, frames computed, of those the frames of rows that only fill the shape's batch) of a codec
+    call of chunks of `lengths` frames that runs `shape` (rows, frames), or its own shape (its rows by its longest
+    chunk) where None. Computed less decoded is the padding: the rows' share says whether finer batch buckets
+    would cut it, the rest (chunks shorter than the call's longest) whether grouping chunks by length would."""
     rows, frames = shape if shape is not None else (len(lengths), max(lengths))
-    return sum(lengths), rows * frames
+    return sum(lengths), rows * frames, (rows - len(lengths)) * frames
 
 
 class CodecRunner:
@@ -178,7 +180,7 @@ class CodecRunner:
         self.prime_graphs: PrimeGraphs | None = None  # made at warm-up for voice clone models (see warmup)
         # Frames served since warm-up, and frames computed for them: a call runs the cheapest captured shape that
         # covers its rows and its longest chunk, so the two differ by the padding (/metrics)
-        self.frames_decoded = self.frames_computed = 0
+        self.frames_decoded = self.frames_computed = self.frames_padding_rows = 0
 
     @property
     def num_slots(self) -> int:
@@ -223,9 +225,10 @@ class CodecRunner:
         lengths = [len(c.codes) for c in chunks]
         frames = max(lengths)
         bucket = self.graphs.covering(len(rows), frames) if self.graphs is not None else None
-        decoded, computed = call_frames(lengths, bucket)
+        decoded, computed, padding_rows = call_frames(lengths, bucket)
         self.frames_decoded += decoded
         self.frames_computed += computed
+        self.frames_padding_rows += padding_rows
         if bucket is not None:
             wav = self.graphs.replay(bucket, *pad_rows(rows, *bucket, self.pool.scratch_slot, self.num_quantizers))
         else:
@@ -312,4 +315,4 @@ class CodecRunner:
                 torch.backends.cudnn.benchmark = previous
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.frames_decoded = self.frames_computed = 0
+        self.frames_decoded = self.frames_computed = self.frames_padding_rows = 0

@@ -408,6 +408,7 @@ class Engine:
             "codec_pending_frames": sum(len(s.codec.pending) for s in list(self._codec_streams)),
             "codec_frames_decoded": self.codec.frames_decoded,
             "codec_frames_computed": self.codec.frames_computed,
+            "codec_frames_padding_rows": self.codec.frames_padding_rows,
         }
 
     # --- stage 0: talker ---------------------------------------------------------------------------------
