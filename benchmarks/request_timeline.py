@@ -85,8 +85,8 @@ def admissions(records: list[dict]) -> list[dict]:
     if not records:
         return []
     start = records[0]["arrival"]
-    instants = sorted(((r["arrival"] - start) * 1e3 + r["ms"]["admitted"], r) for r in records
-                      if "admitted" in r["ms"] and "prefilled" in r["ms"])
+    instants = sorted((((r["arrival"] - start) * 1e3 + r["ms"]["admitted"], r) for r in records
+                       if "admitted" in r["ms"] and "prefilled" in r["ms"]), key=lambda e: e[0])
     rows, last = [], None
     for at, r in instants:
         if last is None or at - last >= ADMISSION_GAP_MS:

@@ -74,7 +74,8 @@ def test_admissions_lists_each_prefill_once_in_order():
         return {"arrival": arrival, "outcome": "ok", "prefill_batch": prompts, "running": running,
                 "ms": {"submit": 0.5, "admitted": admitted_ms, "prefilled": prefilled_ms}}
     rows = admissions([admitted(1.0, 2.0, 9.0, 1, 0), admitted(1.010, 4.0, 196.0, 2, 1),
-                       admitted(1.012, 2.0, 194.0, 2, 1), admitted(1.0121, 1.98, 193.98, 2, 1),
+                       admitted(1.012, 2.0, 194.0, 2, 1), {**admitted(1.012, 2.0, 194.0, 2, 1), "request_id": "b"},
+                       admitted(1.0121, 1.98, 193.98, 2, 1),
                        admitted(1.020, 20.0, 40.0, 1, 3),
                        {"arrival": 1.03, "outcome": "failed", "ms": {"submit": 0.5}}])
     assert rows == [{"at_ms": 2.0, "prompts": 1, "running": 0, "prefill_ms": 7.0},
