@@ -198,8 +198,8 @@ def test_prompt_pieces_are_memoised_until_the_weights_change(tmp_path):
 
 
 def test_a_voices_prompt_pieces_are_built_once_per_voice(base, monkeypatch):
-    """A voice's x-vector and reference codes reach the device, and the codes' frames are embedded, once per
-    distinct voice, not per request (a burst of clones of a few voices built them in lock step with the GPU); the
+    """A voice's x-vector and reference codes reach the device, its header is built and the codes' frames are
+    embedded, once per distinct voice, not per request (a burst of clones of a few voices built them in lock step with the GPU); the
     prompts equal those built without the memo, and changed weights clear it."""
     hidden, groups = base.cfg.talker.transformer.hidden_size, base.cfg.talker.num_code_groups
     voices = [(torch.randn(hidden), torch.randint(0, 64, (5 + i, groups))) for i in range(2)]
@@ -213,6 +213,7 @@ def test_a_voices_prompt_pieces_are_built_once_per_voice(base, monkeypatch):
     fresh = type(base.prompts)(base.cfg, talker, base.prompts.tokenizer)
     memo = fresh.build_many(reqs)
     assert sorted(embedded) == [5, 6]  # equal copies of a voice share its pieces
+    assert sorted(key[0][0] for key in fresh._voice_memo) == ["codes", "codes", "header", "header"]
     monkeypatch.setattr("serving.model.prompt.VOICE_MEMO_SIZE", 0)
     without = type(base.prompts)(base.cfg, talker, base.prompts.tokenizer).build_many(reqs)
     assert len(embedded) == 2 + 5

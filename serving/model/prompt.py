@@ -156,12 +156,12 @@ class PromptBuilder:
             self._voice_memo.clear()
             self._memo_stamp = stamp
 
-    def _per_voice(self, kind: str, host: torch.Tensor, compute) -> torch.Tensor:
-        """A voice's piece of the prompt (its x-vector on the device, its reference codes' frame embeddings),
-        kept per distinct value (LRU of VOICE_MEMO_SIZE): the requests of one voice share it. Per request, each
-        was a copy from pageable host memory, which waits for the talker stream's queued work, and the codes
-        ~18 small kernels: a first wave of 127 clones built its prompts in lock step with the GPU. A tensor
-        already on the device is used as it comes (hashing it would wait for the device)."""
+    def _per_voice(self, kind: tuple, host: torch.Tensor, compute):
+        """A voice's piece of the prompt (the header around its x-vector, its reference codes' frame embeddings),
+        kept per distinct value of `host` and `kind` (LRU of VOICE_MEMO_SIZE): the requests of one voice share it.
+        Per request, each was a copy from pageable host memory, which waits for the talker stream's queued work,
+        and a few (header) to ~18 (codes) small kernels: a first wave of 127 clones built its prompts in lock step
+        with the GPU. A tensor already on the device is used as it comes (hashing it would wait for the device)."""
         if host.device.type != "cpu":
             return compute()
         key = (kind, host.dtype, tuple(host.shape),
@@ -254,8 +254,8 @@ class PromptBuilder:
 
         if req.task == "voice_clone":
             dtype = talker.codec_head.weight.dtype
-            codec, head = header(self._per_voice("x-vector", req.speaker_embedding, lambda: req.speaker_embedding.to(
-                self._device, dtype).view(1, 1, -1)))
+            codec, head = self._per_voice(("header", *tags), req.speaker_embedding, lambda: header(
+                req.speaker_embedding.to(self._device, dtype).view(1, 1, -1)))
         else:
             spk = t.spk_id[speaker] if req.task == "custom_voice" else None
             codec, head = self._memo(("header", *tags, spk), lambda: header(
@@ -281,7 +281,7 @@ class PromptBuilder:
     def _icl_body(self, req, input_id, ref_id, tts_pad, tts_eos, non_streaming):
         t, talker = self.cfg.talker, self.talker
         text_embed = torch.cat((talker.embed_text(torch.cat((ref_id, input_id[:, 3:-5]), dim=-1)), tts_eos), dim=1)
-        frames = self._per_voice("codes", req.ref_codes,
+        frames = self._per_voice(("codes",), req.ref_codes,
                                  lambda: talker.embed_frame(req.ref_codes.to(self._device))[None])
         codec_embed = torch.cat((self._codec([t.codec_bos_id]), frames), dim=1)
         text_len, codec_len = text_embed.shape[1], codec_embed.shape[1]
