@@ -18,11 +18,11 @@ After the trailing text runs out, every decode step adds P(tts_pad).
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
+from serving.engine.lru import LRU
 from serving.model.config import ModelConfig
 from serving.model.talker import Talker
 from serving.model.transfer import upload
@@ -118,7 +118,7 @@ class PromptBuilder:
     def __init__(self, cfg: ModelConfig, talker: Talker, tokenizer):
         self.cfg, self.talker, self.tokenizer = cfg, talker, tokenizer
         self._memo_cache: dict[tuple, torch.Tensor] = {}
-        self._voice_memo: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self._voice_memo = LRU(VOICE_MEMO_SIZE)
         self._memo_stamp: tuple = ()
 
     def _token_ids(self, texts: list[str]) -> list[tuple[list[int], torch.Tensor]]:
@@ -157,7 +157,7 @@ class PromptBuilder:
             self._memo_stamp = stamp
 
     def _per_voice(self, kind: tuple, host: torch.Tensor, compute):
-        """A voice's piece of the prompt (the header around its x-vector, its reference codes' frame embeddings),
+        """A voice's piece of the prompt (the header around its x-vector, its reference codes' codec track),
         kept per distinct value of `host` and `kind` (LRU of VOICE_MEMO_SIZE): the requests of one voice share it.
         Per request, each was a copy from pageable host memory, which waits for the talker stream's queued work,
         and a few (header) to ~18 (codes) small kernels: a first wave of 127 clones built its prompts in lock step
@@ -166,12 +166,10 @@ class PromptBuilder:
             return compute()
         key = (kind, host.dtype, tuple(host.shape),
                hashlib.sha1(host.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest())
-        value = self._voice_memo.pop(key, None)
+        value = self._voice_memo.get(key)
         if value is None:
             value = compute()
-        self._voice_memo[key] = value
-        if len(self._voice_memo) > VOICE_MEMO_SIZE:
-            self._voice_memo.popitem(last=False)
+            self._voice_memo.put(key, value)
         return value
 
     def _codec(self, ids: list[int]) -> torch.Tensor:
@@ -281,9 +279,8 @@ class PromptBuilder:
     def _icl_body(self, req, input_id, ref_id, tts_pad, tts_eos, non_streaming):
         t, talker = self.cfg.talker, self.talker
         text_embed = torch.cat((talker.embed_text(torch.cat((ref_id, input_id[:, 3:-5]), dim=-1)), tts_eos), dim=1)
-        frames = self._per_voice(("codes",), req.ref_codes,
-                                 lambda: talker.embed_frame(req.ref_codes.to(self._device))[None])
-        codec_embed = torch.cat((self._codec([t.codec_bos_id]), frames), dim=1)
+        codec_embed = self._per_voice(("codes",), req.ref_codes, lambda: torch.cat(
+            (self._codec([t.codec_bos_id]), talker.embed_frame(req.ref_codes.to(self._device))[None]), dim=1))
         text_len, codec_len = text_embed.shape[1], codec_embed.shape[1]
         if non_streaming:
             body = torch.cat((text_embed + self._codec_run(t.codec_pad_id, text_len), codec_embed + tts_pad), dim=1)
