@@ -17,6 +17,8 @@ import json
 import re
 from pathlib import Path
 
+from serving.engine.codec_stage import padding_shares
+
 _LINE = re.compile(r'^ttsbench_engine_phase_seconds_(sum|count)\{phase="([a-z_]+)"\} ([0-9.eE+-]+)$')
 _CODEC = re.compile(r'^ttsbench_codec_frames_(decoded|computed|padding_rows)_total ([0-9.eE+-]+)$')
 
@@ -47,9 +49,7 @@ def diff(before: str, after: str) -> dict[str, dict[str, float]]:
     decoded, computed, rows = (b.get(k, 0.0) - a.get(k, 0.0) for k in ("decoded", "computed", "padding_rows"))
     if computed > 0:
         result["codec_frames"] = {"decoded": int(decoded), "computed": int(computed),
-                                  "padded_share": round(1 - decoded / computed, 3),
-                                  "rows_share": round(rows / computed, 3),
-                                  "lengths_share": round((computed - rows - decoded) / computed, 3)}
+                                  **padding_shares(decoded, computed, rows)}
     return result
 
 

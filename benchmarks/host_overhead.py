@@ -29,7 +29,7 @@ from unittest import mock
 import numpy as np
 
 from serving.engine.codec_graphs import cover, make_batch_buckets, make_frame_buckets
-from serving.engine.codec_stage import call_frames
+from serving.engine.codec_stage import call_frames, padding_shares
 from serving.engine.engine import Engine, EngineConfig, EngineInfo
 from serving.engine.request import GenerationRequest
 from serving.engine.scheduler import make_buckets
@@ -165,8 +165,8 @@ async def run_level(concurrency: int, requests: int, frames: int, step_ms: float
            "codec_calls": codec.calls, "codec_chunks": codec.chunks,
            "rows_per_codec_call": round(codec.chunks / max(codec.calls, 1), 1),
            "codec_frames_decoded": codec.frames_decoded, "codec_frames_computed": codec.frames_computed,
-           "codec_padded_share": round(1 - codec.frames_decoded / max(codec.frames_computed, 1), 3),
-           "codec_padding_rows_share": round(codec.frames_padding_rows / max(codec.frames_computed, 1), 3),
+           **{f"codec_{k}": v for k, v in padding_shares(codec.frames_decoded, max(codec.frames_computed, 1),
+                                                          codec.frames_padding_rows).items()},
            "audio_s": round(audio_s, 3), "audio_s_per_s": round(audio_s / wall, 1),
            "deliver_ms_p50": round(1000 * float(np.percentile(deliver, 50)), 3) if deliver else None,
            "deliver_ms_p95": round(1000 * float(np.percentile(deliver, 95)), 3) if deliver else None}
@@ -202,7 +202,7 @@ def main() -> None:
             rows.append(r)
             print(f"| {c} | {step_ms:g} | {r['steps_per_s']} | {r['ms_per_step']} | {r['cpu_ms_per_step']} | "
                   f"{r['rows_per_step']} | {r['rows_per_codec_call']} | {r['codec_padded_share']:.1%} "
-                  f"({r['codec_padding_rows_share']:.1%} rows) | "
+                  f"({r['codec_rows_share']:.1%} rows) | "
                   f"{r['audio_s_per_s']} | "
                   f"{r.get('of_ideal', '-')} | {r['deliver_ms_p50']} / {r['deliver_ms_p95']} |", flush=True)
     if args.json:

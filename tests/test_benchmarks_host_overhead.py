@@ -43,4 +43,5 @@ def test_the_stub_codec_counts_the_padding_a_gpu_call_would_compute():
     # every frame decoded once; the shapes' padding on top, and the share follows from the two
     assert row["codec_frames_decoded"] == 8 * 30 and row["codec_frames_computed"] >= 8 * 30
     assert row["codec_padded_share"] == round(1 - 8 * 30 / row["codec_frames_computed"], 3)
-    assert 0 <= row["codec_padding_rows_share"] <= row["codec_padded_share"]
+    assert 0 <= row["codec_rows_share"] <= row["codec_padded_share"]
+    assert abs(row["codec_lengths_share"] - (row["codec_padded_share"] - row["codec_rows_share"])) <= 0.0011

@@ -150,6 +150,13 @@ def call_frames(lengths: list[int], shape: tuple[int, int] | None) -> tuple[int,
     return sum(lengths), rows * frames, (rows - len(lengths)) * frames
 
 
+def padding_shares(decoded: float, computed: float, padding_rows: float) -> dict[str, float]:
+    """Shares of the frames the codec computed: all padding, rows that only fill a call's batch, and chunks
+    shorter than their call's longest (the rest of the padding)."""
+    return {"padded_share": round(1 - decoded / computed, 3), "rows_share": round(padding_rows / computed, 3),
+            "lengths_share": round((computed - padding_rows - decoded) / computed, 3)}
+
+
 class CodecRunner:
     """The codec's state pool and the batched decode of chunks on the codec's device.
 
