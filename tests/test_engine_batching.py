@@ -143,65 +143,6 @@ def test_the_engine_steps_while_the_callers_loop_is_busy():
     assert during >= 1 and samples == 30 * 1920
 
 
-def _custom(seed: int, frames: int = 3) -> GenerationRequest:
-    return GenerationRequest(task="CustomVoice", text="Held.", speaker="vivian", max_new_tokens=frames,
-                             sampling=SamplingParams(seed=seed))
-
-
-async def _samples(stream) -> int:
-    return sum([len(chunk) async for chunk in stream])
-
-
-async def _engine_turns(engine, turns: int = 20) -> None:
-    """Let the engine's loop run a few times round (its talker loop included)."""
-    for _ in range(turns):
-        await engine._on_engine_loop(asyncio.sleep(0))
-
-
-def test_a_burst_is_admitted_in_one_prefill_once_the_server_has_read_it():
-    """While the server still reads requests (a burst's later bodies), ready ones wait: the burst prefills together
-    once nothing is left to read, even when the last one read was refused and never submitted."""
-    async def main():
-        engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), admission_hold_ms=600_000, **CONFIG))
-        await engine.start()
-        try:
-            later, refused = engine.arriving(), engine.arriving()  # two handlers still reading their bodies
-            later.__enter__(), refused.__enter__()
-            first = await engine.submit(_custom(1))
-            await _engine_turns(engine)
-            held = "admitted" in first.marks, engine.stats()["arriving"]
-            later.__exit__(None, None, None)
-            second = await engine.submit(_custom(2))
-            await _engine_turns(engine)
-            still_held = "admitted" in first.marks or "admitted" in second.marks
-            refused.__exit__(ValueError, ValueError("bad body"), None)  # the last one read: a 400, not submitted
-            audio = [await asyncio.wait_for(_samples(s), 60) for s in (first, second)]
-            return held, still_held, [s.batches["prefill_batch"] for s in (first, second)], audio
-        finally:
-            await engine.shutdown()
-
-    held, still_held, batches, audio = asyncio.run(main())
-    assert held == (False, 2) and still_held is False
-    assert batches == [2, 2] and audio == [3 * 1920] * 2
-
-
-@pytest.mark.parametrize("hold_ms", [0, 200])
-def test_a_request_is_held_at_most_the_admission_hold(hold_ms):
-    """A request still being read (a slow upload, say) holds the others back for --admission-hold-ms at most."""
-    async def main():
-        engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), admission_hold_ms=hold_ms, **CONFIG))
-        await engine.start()
-        try:
-            with engine.arriving():
-                stream = await engine.submit(_custom(3))
-                samples = await asyncio.wait_for(_samples(stream), 60)
-                return samples, stream.batches["prefill_batch"], engine.stats()["arriving"]
-        finally:
-            await engine.shutdown()
-
-    assert asyncio.run(main()) == (3 * 1920, 1, 1)
-
-
 def test_shutdown_twice_and_before_start():
     async def main():
         engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), **CONFIG))

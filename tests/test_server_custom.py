@@ -150,7 +150,6 @@ def test_protocol_errors_404_413_and_bad_json(server):
         except (ConnectionResetError, BrokenPipeError):
             assert status == 413  # the server may close before the client finishes sending 17 MB
     assert len(pcm_of(speech(server, response_format="pcm"))) == FRAMES * 1920
-    assert server.metrics()["ttsbench_arriving"] == 0  # a refused body ends its arrival: none holds admissions back
 
 
 def test_disconnect_frees_the_slot(server):

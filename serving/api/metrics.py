@@ -39,7 +39,6 @@ class ServerMetrics:
 
 
 _ENGINE_GAUGES = (
-    ("arriving", "Requests the server is still reading and checking, not yet queued"),
     ("queue_depth", "Requests waiting for a batch slot"),
     ("running", "Requests in the running talker batch"),
     ("kv_slots_total", "KV cache slots (the most requests that can run at once)"),

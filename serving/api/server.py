@@ -252,14 +252,13 @@ class SpeechServer:
     async def speech(self, request: web.Request) -> web.StreamResponse:
         caps = self._require_ready()
         t_arrival = time.monotonic()
-        with self.engine.arriving():
-            raw = await request.read()
-            try:
-                body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise bad_request(f"request body is not valid JSON: {exc}", None, "invalid_json") from None
-            req = parse_speech_request(body, caps, max_chunk_frames=self.engine.info.chunk_frames)
-            gen = await self._generation_request(req)
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise bad_request(f"request body is not valid JSON: {exc}", None, "invalid_json") from None
+        req = parse_speech_request(body, caps, max_chunk_frames=self.engine.info.chunk_frames)
+        gen = await self._generation_request(req)
         try:
             stream = await self.engine.submit(gen)
             self.engine.observe("accept", time.monotonic() - t_arrival)

@@ -22,7 +22,6 @@ import math
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
@@ -61,8 +60,7 @@ PHASES = {
     "accept": "(server) the request's handler starts -> submitted: body, parsing, reference audio (per request)",
     "voice": "a voice clone's reference new to the server: submitted -> encoded (speaker and codec encoders, on "
              "the voice thread beside the talker's steps; per new voice)",
-    "queue": "request submitted -> admitted to a KV slot, its voice's encoding and any admission hold included "
-             "(per request)",
+    "queue": "request submitted -> admitted to a KV slot, its voice's encoding included (per request)",
     "prefill": "the prefill of the requests admitted together: graphs or batched passes (per admission)",
     "first_frames": "prefill done -> the frames of the first chunk generated (per request)",
     "talker_step": "one decode step's codes on the host, timed from the later of its launch and the previous "
@@ -91,7 +89,6 @@ class EngineConfig:
     left_context_frames: int = 72  # voice clone: last reference frames that prime the codec's state (all: exact)
     max_codec_batch: int = 64
     codec_batch_wait_ms: float = 100.0  # most a chunk whose listener has audio in hand waits to share a codec call
-    admission_hold_ms: float = 100.0  # most a ready request waits to be admitted while the server reads others
     enforce_eager: bool = False  # no CUDA graphs (a CPU never uses them)
     compile: bool | None = None  # torch.compile the talker layers; None: with graphs
     max_graph_batch: int = 128  # largest batch bucket with captured graphs; bigger steps run eagerly
@@ -105,8 +102,8 @@ class EngineConfig:
         for name in ("max_batch_size", "chunk_frames", "first_chunk_frames", "max_model_len", "max_codec_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        if min(self.max_queue, self.left_context_frames, self.codec_batch_wait_ms, self.admission_hold_ms) < 0:
-            raise ValueError("max_queue, left_context_frames, codec_batch_wait_ms and admission_hold_ms must be >= 0")
+        if self.max_queue < 0 or self.left_context_frames < 0 or self.codec_batch_wait_ms < 0:
+            raise ValueError("max_queue, left_context_frames and codec_batch_wait_ms must be >= 0")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError("load_format must be auto or dummy")
         if self.max_graph_batch < 1:
@@ -225,8 +222,6 @@ class Engine:
         self._voice_tasks: set[asyncio.Task] = set()  # requests waiting on their voice
         self._voice_jobs: dict[str, asyncio.Future] = {}  # the voices being encoded, by voice key
         self._wake_talker = asyncio.Event()
-        self._arriving = 0  # requests the server is reading (written on the server's thread only)
-        self._holding = False  # the talker holds ready requests back until the server has read the others
         self._wake_codec = asyncio.Event()
         self._codec_streams: list[RequestStream] = []
         self._tasks: list[asyncio.Task] = []
@@ -334,38 +329,6 @@ class Engine:
             raise
         return stream
 
-    @contextmanager
-    def arriving(self):
-        """Around a request's reading and checking on the server's thread, up to its submission. While any
-        request is being read, the talker holds ready ones back (each at most --admission-hold-ms from its
-        submission): a burst is then admitted in one prefill after its bodies are parsed, not in several beside
-        that parsing, which shares the interpreter with the engine's thread (on an H100, a burst of 121 voice
-        clones' admissions of 7, 38 and 81 prompts took 84-172 ms each, where 127 prompts alone take 120 ms)."""
-        self._arriving += 1
-        try:
-            yield
-        finally:
-            self._arriving -= 1
-            if self._arriving == 0 and self._holding:  # e.g. the last one was a bad request: admit now
-                try:
-                    self._loop.call_soon_threadsafe(self._wake_talker.set)
-                except RuntimeError:  # the engine's loop is closed: shut down
-                    pass
-
-    def _admission_hold(self) -> float:
-        """Seconds the talker holds ready requests back: while the server reads others, until the oldest ready
-        one has waited --admission-hold-ms."""
-        sched = self.scheduler
-        self._holding = False
-        if not self._arriving or not self.config.admission_hold_ms or not sched.num_free:
-            return 0.0
-        oldest = min((s.marks["submit"] for s in sched.waiting if sched.ready(s)), default=None)
-        if oldest is None:
-            return 0.0
-        hold = oldest + self.config.admission_hold_ms / 1000 - time.monotonic()
-        self._holding = hold > 0
-        return max(hold, 0.0)
-
     async def _submit(self, stream: RequestStream) -> None:
         if stream.cancelled:  # its client left before the engine's loop got to it
             return
@@ -436,7 +399,6 @@ class Engine:
         span = (now - frames[0][0]) if len(frames) > 1 else 0.0
         recent = sum(n for _, n in frames)
         return {
-            "arriving": self._arriving,
             "queue_depth": self.scheduler.num_waiting,
             "running": self.scheduler.num_running,
             "kv_slots_total": self.scheduler.num_slots,
@@ -463,16 +425,11 @@ class Engine:
         last_codes = 0.0  # when the previous step's codes reached the host
         while not self._stopping:
             self._drop_cancelled()
-            hold = self._admission_hold()
-            if inflight is None and sched.num_running == 0 and (hold or sched.num_ready == 0):
-                # idle, voices encoding, or holding a burst's first requests while the server reads the rest
+            if inflight is None and sched.num_running == 0 and sched.num_ready == 0:  # idle, or voices encoding
                 self._wake_talker.clear()
-                try:
-                    await asyncio.wait_for(self._wake_talker.wait(), hold or None)
-                except asyncio.TimeoutError:
-                    pass
+                await self._wake_talker.wait()
                 continue
-            admitted = [] if hold else sched.admit()
+            admitted = sched.admit()
             if admitted:
                 await self._prefill(admitted)
             self._drop_cancelled()
