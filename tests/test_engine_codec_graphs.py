@@ -61,8 +61,9 @@ def test_frame_buckets_are_the_chunk_sizes_streaming_produces():
 
 
 def test_batch_buckets_default_ladder_flag_and_bad_sizes():
-    assert make_batch_buckets(16) == (1, 2, 4, 8, 16)
-    assert make_batch_buckets(12) == (1, 2, 4, 8, 12)
+    assert make_batch_buckets(16) == (1, 2, 3, 4, 6, 8, 12, 16)
+    assert make_batch_buckets(10) == (1, 2, 3, 4, 6, 8, 10)
+    assert make_batch_buckets(64)[-4:] == (24, 32, 48, 64)
     assert make_batch_buckets(16, (8, 1, 8)) == (1, 8)
     assert make_batch_buckets(16, ()) == ()
     with pytest.raises(ValueError, match=r"\[1, 16\]"):
@@ -79,7 +80,7 @@ def test_batch_buckets_default_ladder_flag_and_bad_sizes():
 def test_loader_captures_codec_graphs_only_on_cuda_without_enforce_eager():
     config = EngineConfig(model="x", first_chunk_frames=4, chunk_frames=25, max_codec_batch=4)
     buckets = codec_graph_buckets(config, torch.device("cuda"))
-    assert buckets == tuple((b, f) for b in (1, 2, 4) for f in (1, 2, 4, 8, 16, 25))
+    assert buckets == tuple((b, f) for b in (1, 2, 3, 4) for f in (1, 2, 4, 8, 16, 25))
     assert codec_graph_buckets(config, torch.device("cpu")) == ()
     eager = EngineConfig(model="x", enforce_eager=True)
     assert codec_graph_buckets(eager, torch.device("cuda")) == ()

@@ -95,7 +95,7 @@ class EngineConfig:
     ignore_eos: bool = False  # benchmark mode for random weights: stop by length_policy, never at eos
     length_policy: str = "text"  # with ignore_eos: text (spoken length of the input) or max-new-tokens
     codec_dtype: str = "auto"  # the codec decoder's weights and state; auto: bfloat16 on CUDA (as the official loads it), float32 on CPU
-    codec_graph_batches: tuple[int, ...] | None = None  # codec graph batch buckets; None: 1, 2, 4, ... max_codec_batch
+    codec_graph_batches: tuple[int, ...] | None = None  # codec graph batch buckets; None: 1, 2, 3, 4, 6, 8, ... max_codec_batch
     codec_graph_memory_gb: float | None = None  # most memory codec graphs may take (None: no limit)
 
     def __post_init__(self):
