@@ -25,7 +25,7 @@
 # TEXT_VOCAB (tiktoken ranks of the checkpoints' text tokenizer; default: Qwen's qwen.tiktoken out of a dashscope
 # wheel in WHEELS (`pip download dashscope --no-deps`), else, or with TEXT_VOCAB=small, the small trained BPE of
 # the earlier passes, whose prompts are ~3x too long).
-# Results: $OUT/table.md, $OUT/decode.log, and $OUT/raw.tgz (env, decode.json, kernel profiles, server logs,
+# Results: $OUT/table.md, $OUT/decode.log, and $OUT/raw.tgz (env, decode.json, kernel profiles, server logs and /health,
 # runs.tgz: the run directories without audio, peer JSON).
 set -u
 cd "$(dirname "$0")/.."
@@ -114,7 +114,7 @@ EOF
         sleep 1
       done
       say "server up ($task)"
-      curl -s localhost:8091/health; echo
+      curl -s localhost:8091/health | tee "$OUT/health-$task.json"; echo  # start-up by phase, graphs and their memory
       for set_ in $SETS; do
         for c in ${LEVELS//,/ }; do
           n=$(( c < 2 ? 4 : 4 * c ))  # 4 per stream: a full-load span long enough to be the steady state

@@ -7,7 +7,9 @@ After its W warmup requests, a closed-loop level sends C requests at once (the f
 one when a stream's previous request ends; the two groups meet different servers (idle and burst-hit vs
 steady), so they are summarised apart: for each step between two milestones of
 serving.engine.engine.TIMELINE (the server's arrival first) the p50 / p95 / max in ms, and the batch sizes
-the requests met. gpu_bench.sh writes one file per level and runs this on it.
+the requests met. The steps are those of the first audio, then those of the end (last frame to the last chunk's
+codec call, that call, and its way out to the response's end: what a short request's end-to-end time adds
+after its frames). gpu_bench.sh writes one file per level and runs this on it.
 
 Then the first wave's admissions, in order: when each began (ms after the wave's first arrival), how many prompts
 it prefilled together, how many rows were running, and how long its prefill took as the talker saw it (admitted to
@@ -29,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-# (name, from milestone, to milestone): the first audio's path through the server, in order
+# (name, from milestone, to milestone): the first audio's path through the server, in order, then the end's: the
+# last chunk's wait for the codec after the last frame, its codec call, and its way out to the response's end
 STEPS = (
     ("accept", "arrival", "submit"),
     ("queue", "submit", "admitted"),
@@ -40,6 +43,9 @@ STEPS = (
     ("deliver", "first_codec_end", "first_taken"),
     ("write", "first_taken", "first_sent"),
     ("first_audio", "arrival", "first_sent"),
+    ("last_wait", "last_frame", "last_codec_start"),
+    ("last_call", "last_codec_start", "last_codec_end"),
+    ("last_out", "last_codec_end", "end"),
 )
 BATCHES = ("prefill_batch", "running", "first_codec_batch")
 
@@ -157,7 +163,7 @@ def main() -> None:
     groups = {label: summarise(rs) for label, rs in waves.items() if rs}
     if not groups:
         raise SystemExit(f"{args.log}: no completed request after the warmup")
-    print("  server timeline, ms p50 / p95 of each step of the first audio:")
+    print("  server timeline, ms p50 / p95 of each step of the first audio, then of the last chunk:")
     print(render(groups))
     admitted = admissions(waves["first wave"])
     print("  the first wave's admissions (prefill: admitted to prefilled, as the talker saw it):")

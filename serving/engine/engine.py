@@ -49,6 +49,8 @@ TIMELINE = {
     "first_taken": "its HTTP handler takes the first chunk",
     "first_sent": "(server) the handler has written the first chunk",
     "last_frame": "its last frame is generated",
+    "last_codec_start": "the codec call of its last chunk starts",
+    "last_codec_end": "that call's waveforms are on the host",
     "end": "(server) the response is complete, failed, or its client left",
 }
 
@@ -568,6 +570,8 @@ class Engine:
             chunks = [s.codec.take_chunk() for s in batch]
             for s in batch:  # frames that came in meanwhile may already make the next chunk due
                 s.codec.due_since = t0 if s.codec.due() else None
+                if s.codec.done:
+                    s.mark("last_codec_start", t0)
             try:
                 wavs = await loop.run_in_executor(self._codec_pool, self.codec.decode, chunks)
                 self.observe("codec_call", time.monotonic() - t0)
@@ -579,6 +583,8 @@ class Engine:
             out_at = time.monotonic()
             for stream, wav in zip(batch, wavs):
                 stream.mark("first_codec_end", out_at)
+                if stream.codec.done:
+                    stream.mark("last_codec_end", out_at)
                 stream.codec.delivered(out_at, len(wav) / SAMPLE_RATE)
                 if not stream.cancelled:
                     stream.put((wav, out_at))
