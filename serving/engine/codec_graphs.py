@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from serving.engine.cuda_graphs import FrameGraphs
+from serving.engine.cuda_graphs import FrameGraphs, ladder
 from serving.model.codec_stream import IncrementalCodecDecoder, chunk_plan
 
 log = logging.getLogger("serving.engine")
@@ -53,13 +53,12 @@ def make_frame_buckets(first_chunk_frames: int, chunk_frames: int) -> tuple[int,
 
 def make_batch_buckets(max_codec_batch: int, batches: tuple[int, ...] | None = None) -> tuple[int, ...]:
     """The codec batch sizes that get graphs: `batches` as given (each in [1, max_codec_batch]; empty: no
-    graphs), or by default powers of two and three times powers of two (1, 2, 3, 4, 6, 8, 12, ...) below
-    max_codec_batch, and max_codec_batch itself. A call pads its rows up to the next size: with powers of two
-    alone ~14-18% of the frames served calls computed were such padding rows, with this ladder 6-8%, for ~3%
-    more audio per second (H100, docs/performance.md, seventeenth pass)."""
+    graphs), or by default powers of two and 1.5 times each (1, 2, 3, 4, 6, 8, 12, ...) below max_codec_batch,
+    and max_codec_batch itself. A call pads its rows up to the next size: with powers of two alone ~14-18% of the
+    frames served calls computed were such padding rows, with this ladder 6-8%, for ~3% more audio per second
+    (H100, docs/performance.md, seventeenth pass)."""
     if batches is None:
-        ladder = sorted({2 ** k for k in range(12)} | {3 * 2 ** k for k in range(11)})
-        batches = tuple(b for b in ladder if b < max_codec_batch) + (max_codec_batch,)
+        batches = ladder(max_codec_batch, 1)
     if any(not 1 <= b <= max_codec_batch for b in batches):
         raise ValueError(f"codec graph batch sizes must lie in [1, {max_codec_batch}] (the most chunks one codec "
                          f"call decodes), got {list(batches)}")

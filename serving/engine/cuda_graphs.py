@@ -41,19 +41,26 @@ def sleep_until(event: torch.cuda.Event) -> None:
         time.sleep(0.0002)
 
 
+def ladder(limit: int, smallest: int) -> tuple[int, ...]:
+    """Powers of two from `smallest` and 1.5 times each below `limit`, then `limit` itself: shapes to capture that
+    cover any size up to `limit` with at most 1.5x the work of the size itself, two per doubling."""
+    if limit < 1:
+        raise ValueError("the largest size must be at least 1")
+    sizes, size = [], smallest
+    while size < limit:
+        sizes += [b for b in (size, size * 3 // 2) if b < limit]
+        size *= 2
+    sizes.append(limit)
+    return tuple(sorted(set(sizes)))
+
+
 def make_kv_buckets(max_model_len: int, smallest: int = SMALLEST_KV_BUCKET) -> tuple[int, ...]:
-    """Powers of two from `smallest` and 1.5 times each, then max_model_len itself: at most 1.5x the keys read
-    (a step's attention reads every row's cache up to the bucket: on an H100, a 128-row step of the 0.6B talker
-    spends ~3.7 us per position of it, so a bucket of 1024 for rows of at most 700 costs ~0.9 ms more than one of
-    768), and two graphs per doubling of the length."""
+    """The ladder of KV lengths: at most 1.5x the keys read (a step's attention reads every row's cache up to the
+    bucket: on an H100, a 128-row step of the 0.6B talker spends ~3.7 us per position of it, so a bucket of 1024
+    for rows of at most 700 costs ~0.9 ms more than one of 768), and two graphs per doubling of the length."""
     if max_model_len < 1:
         raise ValueError("max_model_len must be at least 1")
-    sizes, size = [], smallest
-    while size < max_model_len:
-        sizes += [b for b in (size, size * 3 // 2) if b < max_model_len]
-        size *= 2
-    sizes.append(max_model_len)
-    return tuple(sorted(set(sizes)))
+    return ladder(max_model_len, smallest)
 
 
 GRAPH_BATCHES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
