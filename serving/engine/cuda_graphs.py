@@ -94,11 +94,17 @@ class FrameGraphs:
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self.pool = None
         self.memory_bytes = 0  # device memory the graphs' private pool took
+        self._side: torch.cuda.Stream | None = None
 
     def capture(self, batch: int, kv_len: int) -> None:
-        """Run the step once on a side stream (lazy initialisation, compilation), then capture it."""
+        """Run the step once on a side stream (lazy initialisation, compilation), then capture it.
+
+        One side stream serves every capture: cuBLAS keeps a workspace (32 MiB on Hopper) per stream it meets, so
+        a new stream per capture left ~34 MiB behind most of the codec's graphs (docs/performance.md)."""
         before = torch.cuda.memory_reserved(self.device)
-        side = torch.cuda.Stream(self.device)
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        side = self._side
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             self.step(batch, kv_len)
