@@ -271,3 +271,40 @@ def test_warm_up_requests_cover_the_checkpoints_speakers_languages_and_voices(tm
         assert sum(r.encoded_voice is not None for r in reqs) == sum(r.speaker_embedding is not None for r in reqs)
     results = runner.prefill_many(list(enumerate(reqs[:runner.num_slots])))
     assert not any(isinstance(r, ValueError) for r in results)
+
+
+def test_a_lone_streams_chunks_go_as_they_come_due():
+    """With no other stream to share a codec call, a chunk whose listener has audio in hand goes when it comes
+    due: held for company that cannot come (codec_batch_wait_ms), a lone stream's middle chunks ran at its end,
+    one after another before its last (H100: 7-12 ms between the last frame and the last chunk's call). Stage
+    stubs (benchmarks/host_overhead.py) make the talker 16x real time, so those chunks have ~0.5-1 s in hand."""
+    from unittest import mock
+
+    from benchmarks.host_overhead import StubCodec, StubTalker, _info
+    from serving.engine.codec_graphs import make_frame_buckets
+
+    frames = 35  # chunks of 2, 4, 8, 16 and 5 frames
+    config = EngineConfig(model="stub", max_batch_size=1)
+    talker = StubTalker(1, 0.005, frames)
+    codec = StubCodec(1, 0.0, [(1, f) for f in make_frame_buckets(2, 25)])
+    calls = []  # (frames of the call's chunk, decode steps launched when it began)
+    decode = codec.decode
+    codec.decode = lambda chunks: calls.append((len(chunks[0].codes), talker.steps)) or decode(chunks)
+
+    async def main():
+        engine = Engine(config)
+        with mock.patch("serving.engine.loader.load_stages", lambda cfg: (talker, codec, _info(cfg, 1))):
+            await engine.start()
+        try:
+            stream = await engine.submit(GenerationRequest(task="CustomVoice", text="stub", speaker="vivian",
+                                                           max_new_tokens=frames))
+            return sum([len(c) async for c in stream])
+        finally:
+            await engine.shutdown()
+
+    assert asyncio.run(main()) == frames * 1920
+    assert [n for n, _ in calls] == [2, 4, 8, 16, 5]
+    began = dict(calls)
+    # the 8-frame chunk is due at frame 14, the 16-frame one at frame 30 (a step or two of launches ahead);
+    # held, both began only once the talker was past its last frame
+    assert began[8] <= 14 + 4 and began[16] <= 30 + 3

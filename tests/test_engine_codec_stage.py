@@ -93,33 +93,41 @@ def test_codec_calls_serve_the_earliest_deadlines_first():
     about to run dry before one that is not; ties keep arrival order."""
     steady, late, first, ahead = waiting(1.0, 4.0), waiting(1.0, 2.5), waiting(3.0, frames=2), waiting(1.0, 9.0)
     tie_a, tie_b = waiting(3.0, frames=2), waiting(3.0, frames=2)
-    assert next_batch([steady, late, first, ahead], 3, lambda s: s, 3.0, 0.1) == ([late, first, steady], None)
-    assert next_batch([tie_a, tie_b], 2, lambda s: s, 3.0, 0.1) == ([tie_a, tie_b], None)
-    assert next_batch([(1, tie_b), (2, late)], 1, lambda item: item[1], 3.0, 0.1) == ([(2, late)], None)
+    assert next_batch([steady, late, first, ahead], 3, lambda s: s, 3.0, 0.1, others=1) == ([late, first, steady], None)
+    assert next_batch([tie_a, tie_b], 2, lambda s: s, 3.0, 0.1, others=1) == ([tie_a, tie_b], None)
+    assert next_batch([(1, tie_b), (2, late)], 1, lambda item: item[1], 3.0, 0.1, others=1) == ([(2, late)], None)
 
 
 def test_a_call_for_audio_needed_soon_stays_small():
     """First chunks of a burst share calls up to the row limit (2 frames each); 25-frame chunks needed soon go
     URGENT_CALL_FRAMES / 25 at a time, and a first chunk's call does not wait for a steady chunk's 25 frames."""
     firsts = [waiting(1.0, frames=2) for _ in range(127)]
-    assert next_batch(firsts, 64, lambda s: s, 1.0, 0.1) == (firsts[:64], None)
+    assert next_batch(firsts, 64, lambda s: s, 1.0, 0.1, others=1) == (firsts[:64], None)
     low = [waiting(1.0, 1.1) for _ in range(40)]  # 0.1 s of audio left
-    batch, _ = next_batch(low, 64, lambda s: s, 1.0, 0.1)
+    batch, _ = next_batch(low, 64, lambda s: s, 1.0, 0.1, others=1)
     assert batch == low[: URGENT_CALL_FRAMES // 25]
     mixed = firsts[:10] + [waiting(1.0, 1.15)] + firsts[10:20]
-    assert next_batch(mixed, 64, lambda s: s, 1.0, 0.1)[0] == firsts[:20]  # the 25-frame row sorts last, left out
+    assert next_batch(mixed, 64, lambda s: s, 1.0, 0.1, others=1)[0] == firsts[:20]  # the 25-frame row sorts last, left out
 
 
 def test_chunks_with_audio_in_hand_wait_to_share_a_call():
     """Until `limit` are ready or the oldest has waited `wait`; then the call takes `limit` rows of any size."""
     steady = [waiting(1.0 + i / 100, 5.0 + i) for i in range(5)]
-    assert next_batch(steady, 8, lambda s: s, 1.05, 0.1) == ([], 1.1)  # the oldest came due at 1.0
-    assert next_batch(steady, 8, lambda s: s, 1.1, 0.1) == (steady, None)
-    assert next_batch(steady, 4, lambda s: s, 1.05, 0.1) == (steady[:4], None)
-    assert next_batch(steady, 8, lambda s: s, 1.05, 0.0) == (steady, None)  # no wait: at once
+    assert next_batch(steady, 8, lambda s: s, 1.05, 0.1, others=1) == ([], 1.1)  # the oldest came due at 1.0
+    assert next_batch(steady, 8, lambda s: s, 1.1, 0.1, others=1) == (steady, None)
+    assert next_batch(steady, 4, lambda s: s, 1.05, 0.1, others=1) == (steady[:4], None)
+    assert next_batch(steady, 8, lambda s: s, 1.05, 0.0, others=1) == (steady, None)  # no wait: at once
     soon = [waiting(1.0, 1.3)]  # its listener runs dry at 1.3: it goes at 1.1, 2 x wait before
-    assert next_batch(soon, 8, lambda s: s, 1.05, 0.1) == ([], pytest.approx(1.1))
-    assert next_batch(soon, 8, lambda s: s, 1.11, 0.1) == (soon, None)
+    assert next_batch(soon, 8, lambda s: s, 1.05, 0.1, others=1) == ([], pytest.approx(1.1))
+    assert next_batch(soon, 8, lambda s: s, 1.11, 0.1, others=1) == (soon, None)
+
+
+def test_a_chunk_no_other_stream_could_join_goes_at_once():
+    """Waiting to share a call is for other streams' chunks: with every stream in the codec stage ready, none
+    can join, so the call goes now (a lone stream's chunks would otherwise wait to its end)."""
+    steady = [waiting(1.0 + i / 100, 5.0 + i) for i in range(3)]
+    assert next_batch(steady, 8, lambda s: s, 1.05, 0.1, others=0) == (steady, None)
+    assert next_batch(steady, 8, lambda s: s, 1.05, 0.1, others=1) == ([], 1.1)
 
 
 def test_a_finished_streams_last_chunk_goes_soon_after_its_first_chunks():
@@ -128,9 +136,9 @@ def test_a_finished_streams_last_chunk_goes_soon_after_its_first_chunks():
     last = waiting(1.0, 9.0, frames=7, finished=True)
     first_before, first_after = waiting(0.99, frames=2), waiting(1.2, frames=2)
     assert needed_by(last, 0.1) == pytest.approx(1.1)
-    assert next_batch([first_after, last, first_before], 8, lambda s: s, 1.2, 0.1)[0] == [first_before, last,
+    assert next_batch([first_after, last, first_before], 8, lambda s: s, 1.2, 0.1, others=1)[0] == [first_before, last,
                                                                                           first_after]
-    assert next_batch([last], 8, lambda s: s, 1.0, 0.1) == ([last], None)  # needed within 2 x wait: at once
+    assert next_batch([last], 8, lambda s: s, 1.0, 0.1, others=1) == ([last], None)  # needed within 2 x wait: at once
 
 
 def test_reference_codes_prime_the_first_chunk_only():

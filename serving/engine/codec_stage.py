@@ -115,15 +115,18 @@ def needed_by(stream: CodecStream, wait: float) -> float:
 
 
 def next_batch(ready: list[T], limit: int, codec: Callable[[T], CodecStream], now: float,
-               wait: float) -> tuple[list[T], float | None]:
+               wait: float, others: int) -> tuple[list[T], float | None]:
     """The next codec call's rows (ordered by when each is needed, ties in their order), or none yet and when
     to look again.
 
     When the first is needed within 2 x `wait` (a first chunk, a final one, a listener low on audio) the call
     goes now, with as many rows in that order as keep it quick: at most URGENT_CALL_FRAMES rows x frames. Other
     chunks wait to share a call, which decodes more frames per ms (on an H100, 1 x 25 frames 0.15 ms per frame,
-    16 x 25 0.04, 64 x 25 0.03: docs/performance.md), until `limit` are ready or the oldest has waited `wait`;
-    that call takes `limit` rows. `wait` 0 sends every call at once."""
+    16 x 25 0.04, 64 x 25 0.03: docs/performance.md), until `limit` are ready, the oldest has waited `wait`, or
+    no other stream could join (`others`: streams in the codec stage whose next chunk is not ready); that call
+    takes `limit` rows. `wait` 0 sends every call at once. Waiting with no one to wait for only postponed a
+    lone stream's chunks to its end, where they ran one after another before its last (H100, one stream:
+    7-12 ms between its last frame and its last chunk's call, docs/performance.md)."""
     if not ready:
         return [], None
     order = sorted(ready, key=lambda item: needed_by(codec(item), wait))[:limit]
@@ -136,7 +139,7 @@ def next_batch(ready: list[T], limit: int, codec: Callable[[T], CodecStream], no
             batch.append(item)
         return batch, None
     oldest = min(codec(item).due_since for item in ready)
-    if len(ready) >= limit or now >= oldest + wait:
+    if len(ready) >= limit or now >= oldest + wait or others == 0:
         return order, None
     return [], min(oldest + wait, needed_by(codec(order[0]), wait) - 2 * wait)
 

@@ -554,7 +554,8 @@ class Engine:
             ready = [s for s in self._codec_streams if s.codec.ready() and not s.cancelled]
             t0 = time.monotonic()
             batch, retry_at = next_batch(ready, self.config.max_codec_batch, lambda s: s.codec, t0,
-                                         self.config.codec_batch_wait_ms / 1000)
+                                         self.config.codec_batch_wait_ms / 1000,
+                                         others=len(self._codec_streams) - len(ready))
             if not batch:
                 self._wake_codec.clear()
                 try:  # new frames (every talker step) or the time the waiting chunks must go
