@@ -201,7 +201,7 @@ class PrefillGraphs:
             x[0, :longest] = prompts[0].to(x.dtype)
         else:
             x[:n, :longest] = pad_sequence([p.to(x.dtype) for p in prompts], batch_first=True)
-        x[:n, longest:] = 0
+        x[:n, longest:].zero_()  # a kernel; `= 0` would copy from the host after the step in flight
         x[n:] = x[0]
         pad = rows - n
         self.rows[:rows, 0] = upload(slots + [slots[0]] * pad, torch.int64, self.rows.device)

@@ -333,7 +333,8 @@ class TalkerRunner:
         for target, values in columns:
             target[idx] = upload(values, target.dtype, self.device)
         self.hidden[idx] = torch.stack([e[3] for e in entries]).to(self.hidden.dtype)
-        self.active[idx], self.generated[idx], self.seen[idx] = 1, 0, False
+        for target, value in ((self.active, 1), (self.generated, 0), (self.seen, False)):
+            target.index_fill_(0, idx, value)  # a kernel: `target[idx] = value` would wait for the step in flight
 
     def needs_voice(self, request: GenerationRequest) -> bool:
         """Whether a request's reference audio waits to be encoded (a voice clone whose voice is not cached)."""
@@ -370,12 +371,15 @@ class TalkerRunner:
     def release(self, slot: int) -> None:
         """Free a slot. Its device writes go on the talker's stream: on the caller's (default) stream they would
         queue behind the codec's kernels and could land after the slot's next prefill, zeroing the new
-        request's position (the talker stream never waits for the default one)."""
+        request's position (the talker stream never waits for the default one). They are kernels that only
+        queue: `self.active[slot] = 0` copies its 0 from the host, which first waits for the stream, i.e. for
+        the step in flight, and this runs on the engine's loop (H100: 2.8 ms between a request's last frame and
+        its last codec call at batch 1; benchmarks/host_write_sync.py, docs/performance.md)."""
         self.candidate_ok[slot] = True
         self.lengths[slot] = 0
         with self._on_stream():
-            self.active[slot] = 0
-            self.pos[slot] = 0
+            self.active[slot].zero_()
+            self.pos[slot].zero_()
 
     # --- decode ------------------------------------------------------------------------------------------
     def decode_step(self, bucket: int) -> tuple[np.ndarray, np.ndarray]:
