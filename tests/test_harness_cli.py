@@ -202,7 +202,8 @@ def test_ctrl_c_keeps_completed_requests_and_resume_finishes(tmp_path):
     import time
     from pathlib import Path
 
-    script = {f"slow {i}": {"chunks": [[40 * k, 4800] for k in range(1, 8)]} for i in range(30)}
+    # 0.7 s a request, 30 at two a time: the interrupt lands mid-run even when the run's writer starts slowly
+    script = {f"slow {i}": {"chunks": [[100 * k, 4800] for k in range(1, 8)]} for i in range(30)}
     data = _write(tmp_path / "slow.jsonl", [{"text": t} for t in script])
     out = tmp_path / "run"
     exe = str(Path(sys.executable).parent / "ttsbench")
