@@ -6,8 +6,10 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from serving.engine.checkpoint import resolve_model
+from serving.engine.cuda_graphs import PrefillGraphs
 from serving.engine.engine import Engine, EngineConfig
 from serving.engine.loader import load_stages
 from serving.engine.request import GenerationRequest, SamplingParams
@@ -85,6 +87,32 @@ def test_a_slot_is_freed_on_the_talker_stream(stages, monkeypatch):
     monkeypatch.setattr(runner, "_on_stream", on_stream)
     runner.release(1)
     assert inside == [(0, 0)] and runner.lengths[1] == 0
+
+
+def test_slots_are_set_up_and_freed_without_host_scalar_writes(stages, monkeypatch):
+    """`t[i] = 0` into a CUDA tensor copies the 0 from pageable host memory, which first waits for the stream:
+    freeing a finished request's slot that way held the engine's loop until the decode step in flight was done
+    (H100, docs/performance.md, eighteenth pass). A CPU has no stream to wait for, so this checks the form:
+    prefill and release write the runner's tensors with kernels (zero_, index_fill_) or device tensors only."""
+    runner = stages[0]
+    scalar_writes = []
+    setitem = torch.Tensor.__setitem__
+
+    def checked(self, index, value):
+        if isinstance(value, (bool, int, float)):
+            scalar_writes.append((tuple(self.shape), index))
+        return setitem(self, index, value)
+
+    # through a prefill graph (run eagerly on a CPU) and the batched pass for the prompt no bucket holds
+    monkeypatch.setattr(runner, "prefill_graphs", PrefillGraphs(runner.talker.model, runner.kv, ((1, 32),),
+                                                                runner.device, runner.dtype))
+    monkeypatch.setattr(torch.Tensor, "__setitem__", checked)
+    results = runner.prefill_many([(2, requests()[0]), (3, requests()[1])])
+    assert not any(isinstance(r, Exception) for r in results)
+    assert [int(runner.active[slot]) for slot in (2, 3)] == [1, 1]
+    runner.release(2), runner.release(3)
+    assert scalar_writes == []
+    assert [(int(runner.active[slot]), int(runner.pos[slot])) for slot in (2, 3)] == [(0, 0), (0, 0)]
 
 
 def test_a_prompt_longer_than_the_slot_is_refused(stages):
