@@ -25,7 +25,8 @@ def writes(t: torch.Tensor, idx: torch.Tensor) -> dict:
         "t[i].zero_()": lambda: t[5].zero_(),
         "t[i:i+1].fill_(0)": lambda: t[5:6].fill_(0),
         "t[idx] = 1 (index tensor)": lambda: t.__setitem__(idx, 1),
-        "t[idx] = pinned upload": lambda: t.__setitem__(idx, torch.tensor([7, 8], pin_memory=True).to(t.device, non_blocking=True)),
+        "t[idx] = pinned upload":
+            lambda: t.__setitem__(idx, torch.tensor([7, 8], pin_memory=True).to(t.device, non_blocking=True)),
         "t[idx] = pageable tensor": lambda: t.__setitem__(idx, torch.tensor([7, 8]).to(t.device)),
         "t.fill_(0) (whole)": lambda: t.fill_(0),
     }

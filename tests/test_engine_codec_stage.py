@@ -107,7 +107,8 @@ def test_a_call_for_audio_needed_soon_stays_small():
     batch, _ = next_batch(low, 64, lambda s: s, 1.0, 0.1, others=1)
     assert batch == low[: URGENT_CALL_FRAMES // 25]
     mixed = firsts[:10] + [waiting(1.0, 1.15)] + firsts[10:20]
-    assert next_batch(mixed, 64, lambda s: s, 1.0, 0.1, others=1)[0] == firsts[:20]  # the 25-frame row sorts last, left out
+    # the 25-frame row sorts last, left out
+    assert next_batch(mixed, 64, lambda s: s, 1.0, 0.1, others=1)[0] == firsts[:20]
 
 
 def test_chunks_with_audio_in_hand_wait_to_share_a_call():

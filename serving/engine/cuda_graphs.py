@@ -94,7 +94,7 @@ class FrameGraphs:
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self.pool = None
         self.memory_bytes = 0  # device memory the graphs' private pool took
-        self._side: torch.cuda.Stream | None = None
+        self._side: torch.cuda.Stream | None = None  # made at the first capture: CPU tests build FrameGraphs too
 
     def capture(self, batch: int, kv_len: int) -> None:
         """Run the step once on a side stream (lazy initialisation, compilation), then capture it.
