@@ -110,76 +110,6 @@ def profile_step(runner, label: str, batch: int, path: str) -> None:
           flush=True)
 
 
-def pack_code_predictor(runner) -> torch.Tensor:
-    """The code predictor's layer weights moved into one buffer (the tensors the frame reads), which is returned:
-    an L2 window covers one address range."""
-    tensors = []
-    for layer in runner.talker.code_predictor.model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        tensors += [(attn, "fused_weight"), (attn.o_proj.weight, None), (mlp, "fused_weight"), (mlp.down_proj.weight, None)]
-    sizes = [(getattr(o, n) if n else o).numel() for o, n in tensors]
-    first = getattr(*tensors[0]) if tensors[0][1] else tensors[0][0]
-    flat = torch.empty(sum(sizes), dtype=first.dtype, device=first.device)
-    offset = 0
-    for (owner, name), size in zip(tensors, sizes):
-        t = getattr(owner, name) if name else owner
-        view = flat[offset: offset + size].view_as(t)
-        view.copy_(t)
-        if name:
-            setattr(owner, name, view)
-        else:
-            owner.data = view
-        offset += size
-    return flat
-
-
-def windowed_graphs(runner, device, flat: torch.Tensor):
-    """FrameGraphs whose graphs carry an L2 persisting window over `flat` on every kernel node."""
-    import ctypes
-
-    import l2_persist_bench as l2
-    from serving.engine.cuda_graphs import FrameGraphs
-
-    rt = l2.cudart()
-    limit, largest = l2.device_attr(rt, l2._ATTR_MAX_PERSISTING_L2), l2.device_attr(rt, l2._ATTR_MAX_WINDOW)
-    l2.check(rt, rt.cudaDeviceSetLimit(l2._LIMIT_PERSISTING_L2, ctypes.c_size_t(limit)), "limit")
-    window = l2.window_value(flat, limit, largest)
-    print(f"L2 window: {window.window.num_bytes / 2**20:.0f} of {flat.numel() * flat.element_size() / 2**20:.0f} MiB "
-          f"of code-predictor weights, persisting {limit / 2**20:.1f} MiB, hit ratio {window.window.hitRatio:.3f}",
-          flush=True)
-
-    class Windowed(FrameGraphs):
-        def capture(self, batch: int, kv_len: int) -> None:
-            if self._side is None:
-                self._side = torch.cuda.Stream(self.device)
-            self._side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self._side):
-                self.step(batch, kv_len)
-            torch.cuda.current_stream(self.device).wait_stream(self._side)
-            graph = torch.cuda.CUDAGraph(keep_graph=True)
-            with torch.cuda.graph(graph, pool=self.pool):
-                out = self.step(batch, kv_len)
-            nodes = l2.set_graph_window(rt, graph, window)
-            graph.instantiate()
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[(batch, kv_len)] = (graph, out)
-            torch.cuda.synchronize(self.device)
-            print(f"captured ({batch}, {kv_len}) with the window on {nodes} kernel nodes", flush=True)
-
-    return Windowed(lambda b, kv: runner._step(b, kv, True), device)
-
-
-def l2_off() -> None:
-    import ctypes
-
-    import l2_persist_bench as l2
-
-    rt = l2.cudart()
-    l2.check(rt, rt.cudaCtxResetPersistingL2Cache(), "reset")
-    l2.check(rt, rt.cudaDeviceSetLimit(l2._LIMIT_PERSISTING_L2, ctypes.c_size_t(0)), "limit")
-
-
 _EDGES: dict = {}  # the compiled pieces around the layers (TalkerRunner._compile), kept to switch them back on
 
 
@@ -276,18 +206,11 @@ def main() -> None:
     low, high = args.context * (1 - args.context_spread) - 16, args.context * (1 + args.context_spread) + args.steps + 24
     lengths = [n for n in range(max(1, int(low)), int(high)) if smallest_cover(n, runner.kv_buckets) is not None]
     rows, results = [], {}
-    flat = None
     for variant in args.variants.split(","):
         t0 = time.perf_counter()
-        l2 = variant == "compile-l2"  # compile + the code predictor's weights in one buffer under an L2 window
-        configure(runner, "compile" if l2 else variant)
-        if l2 and flat is None:
-            flat = pack_code_predictor(runner)
-        if flat is not None and not l2:
-            l2_off()
+        configure(runner, variant)
         if variant != "eager":
-            runner.graphs = windowed_graphs(runner, device, flat) if l2 else \
-                FrameGraphs(lambda b, kv: runner._step(b, kv, True), device)
+            runner.graphs = FrameGraphs(lambda b, kv: runner._step(b, kv, True), device)
             runner.graph_buckets = tuple(batches)
             fill(runner, 0, args.context)
             with torch.inference_mode():
