@@ -25,8 +25,9 @@ SCRIPT = textwrap.dedent("""
 
     gen = torch.Generator().manual_seed(0)
     checked = 0
-    for vocab, dtype, bits in ((2048, torch.bfloat16, 1), (2048, torch.bfloat16, 2), (3072, torch.float32, 4),
-                               (37, torch.float32, 2)):
+    # 2-byte logits are ranked by their own 16 bits, float32 ones by their scores' 32
+    for vocab, dtype, bits in ((2048, torch.bfloat16, 1), (2048, torch.bfloat16, 2), (2048, torch.bfloat16, 4),
+                               (2048, torch.float16, 2), (3072, torch.float32, 4), (37, torch.float32, 2)):
         triton_sampling.RADIX_BITS = bits  # digits of the radix select per counting pass
         for _ in range(4):
             batch = 16
@@ -63,7 +64,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_fused_kernel_draws_the_candidate_samplers_tokens():
-    assert "rows 256" in run_interpreted(SCRIPT)
+    assert "rows 384" in run_interpreted(SCRIPT)
 
 
 def test_the_talker_stage_draws_with_the_kernel_on_cuda_only():

@@ -4,12 +4,16 @@ A frame draws 16 times. The torch version, compiled, is a top-k selection plus ~
 draw on an H100, ~0.5 ms of a 5.6-8.4 ms frame; this kernel takes 10-14 us (benchmarks/sampler_bench.py,
 docs/performance.md). Here one program per row reads the row's logits once (bf16 or fp32, no conversion
 kernel before it) and does everything in registers: the k-th largest score by a radix select over the scores'
-order-preserving bits (32 / RADIX_BITS counting passes, no sort), the softmax over the kept scores, the
+order-preserving bits (KEY_BITS / RADIX_BITS counting passes, no sort), the softmax over the kept scores, the
 per-request noise (the same hash as rng.exponential_noise_at, so the draws equal the torch path's), and the
 exponential race.
 The tokens equal those of the general sampler (serving.model.sampler.sample on the same noise) and so of
 sample_top_candidates, with one difference from the latter: where more than CANDIDATES scores tie at the k-th
 score, all of them stay, as in transformers' top-k (the torch candidate sampler keeps only its CANDIDATES).
+Logits of 2 bytes (the code predictor's bfloat16 heads: 15 of a frame's 16 draws) are ranked by their own 16 bits,
+half the passes of a float32 score's 32: dividing by a positive temperature keeps their order, and two distinct
+bfloat16 or float16 values stay distinct in float32 (their spacing is 2**-8 or 2**-11 of their size, the
+division's rounding 2**-24), so the kept ids are the same, ties included.
 """
 
 from __future__ import annotations
@@ -35,28 +39,33 @@ def _mix32(x):
 
 @triton.jit
 def _sample_kernel(logits_ptr, row_stride, do_sample_ptr, temperature_ptr, top_k_ptr, seed_ptr, frame_ptr, out_ptr,
-                   group, vocab, max_k, BLOCK: tl.constexpr, BITS: tl.constexpr):
+                   group, vocab, max_k, BLOCK: tl.constexpr, BITS: tl.constexpr, KEY_BITS: tl.constexpr):
     row = tl.program_id(0)
     ids = tl.arange(0, BLOCK)
     valid = ids < vocab
-    x = tl.load(logits_ptr + row * row_stride + ids, mask=valid, other=float("-inf")).to(tl.float32)
+    raw = tl.load(logits_ptr + row * row_stride + ids, mask=valid, other=float("-inf"))
+    x = raw.to(tl.float32)
     greedy = tl.argmax(x, 0)
     do_sample = tl.load(do_sample_ptr + row) != 0
     temperature = tl.where(do_sample, tl.load(temperature_ptr + row), 1.0)
     scores = x / temperature
     k = tl.minimum(tl.maximum(tl.load(top_k_ptr + row), 1), max_k)
-    # order-preserving unsigned keys of the scores; padding gets 0, below every real score
-    bits = scores.to(tl.uint32, bitcast=True)
-    negative = (bits >> 31) != 0
-    keys = tl.where(negative, bits ^ tl.full((), 0xFFFFFFFF, tl.uint32), bits | tl.full((), 0x80000000, tl.uint32))
+    # order-preserving unsigned keys of the scores (of 2-byte logits: of the logits, in the same order); padding
+    # gets 0, below every real score
+    if KEY_BITS == 16:
+        bits = raw.to(tl.uint16, bitcast=True).to(tl.uint32)
+    else:
+        bits = scores.to(tl.uint32, bitcast=True)
+    sign = tl.full((), 1 << (KEY_BITS - 1), tl.uint32)
+    keys = tl.where((bits & sign) != 0, bits ^ (sign | (sign - 1)), bits | sign)
     keys = tl.where(valid, keys, tl.zeros((), tl.uint32))
     # radix select: the largest key T with at least k keys >= T is the k-th largest score's key, found BITS bits
     # at a time from the top: of the 2**BITS next digits, the largest that keeps k keys at or above (digit 0
     # always does), all counted in one reduction
     kth = tl.zeros((), dtype=tl.uint32)
     digits = tl.arange(0, 1 << BITS).to(tl.uint32)
-    for i in range(32 // BITS):
-        shift = 32 - BITS * (i + 1)
+    for i in range(KEY_BITS // BITS):
+        shift = KEY_BITS - BITS * (i + 1)
         counts = tl.sum((keys[None, :] >= (kth | (digits << shift))[:, None]).to(tl.int32), 1)
         kth = kth | ((tl.sum((counts >= k).to(tl.int32), 0) - 1).to(tl.uint32) << shift)
     kept = valid & (keys >= kth)
@@ -89,5 +98,5 @@ def sample_top_candidates(logits: torch.Tensor, params: SamplingParams, seed: to
     block = triton.next_power_of_2(vocab)
     _sample_kernel[(batch,)](logits, logits.stride(0), params.do_sample, params.temperature, params.top_k, seed,
                              frame, out, group, vocab, min(CANDIDATES, vocab), BLOCK=block, BITS=RADIX_BITS,
-                             num_warps=NUM_WARPS)
+                             KEY_BITS=16 if logits.element_size() == 2 else 32, num_warps=NUM_WARPS)
     return out
