@@ -147,9 +147,10 @@ def test_clone_request_errors(base, cv):
         base.generate("Hi", speaker_embedding=torch.zeros(64), beams=4)
 
 
-def test_prompts_built_together_equal_each_built_alone(cv, base):
-    """A burst's prompts are tokenized in one call and copied to the device at once; each equals its prompt built
-    alone, bit for bit, and an unservable request gets its error in its place without failing the others."""
+def test_prompts_built_together_equal_each_built_alone(cv, base, monkeypatch):
+    """A burst's prompts are tokenized in one call, copied to the device at once and their text embedded in one
+    projection; each equals its prompt built alone, bit for bit (on CPU, float32), and an unservable request gets
+    its error in its place without failing the others."""
     hidden = base.cfg.talker.transformer.hidden_size
     xvec = torch.randn(hidden)
     codes = torch.randint(0, 64, (5, base.cfg.talker.num_code_groups))
@@ -168,7 +169,14 @@ def test_prompts_built_together_equal_each_built_alone(cv, base):
                 SynthesisRequest(text="Non-streaming clone.", task="voice_clone", speaker_embedding=xvec,
                                  ref_codes=codes, ref_text="Reference.", non_streaming_text=True)]),
     ):
+        tts.prompts.build_many(reqs)  # the shared pieces (special tokens, tags) memoised
+        talker = tts.model.talker
+        projections = []
+        real = type(talker).embed_text
+        monkeypatch.setattr(type(talker), "embed_text", lambda self, ids: projections.append(ids.shape) or real(self, ids))
         together = tts.prompts.build_many(reqs)
+        monkeypatch.undo()
+        assert len(projections) == 1  # every text of the burst, instructions and references included
         for req, got in zip(reqs, together):
             try:
                 alone = tts.prompts.build(req)

@@ -1,7 +1,8 @@
 """Text side: the checkpoint's Qwen2 BPE tokenizer and the talker prompt (prefill embeddings + trailing text).
 
-Layouts follow the official Qwen3TTSForConditionalGeneration.generate, slice for slice (the same token
-slices go through the same projections, so the fp32 results are the same):
+Layouts follow the official Qwen3TTSForConditionalGeneration.generate, slice for slice. The official embeds
+each slice of a text's tokens on its own; here a burst's texts are embedded in one pass and sliced after
+(PromptBuilder._embed_texts): the text projection acts on each token alone, so the values are the same maths:
 
   [P(instruct)]  P(role: "<|im_start|>assistant\\n")
   (tts_pad ... tts_pad, tts_bos) + C(think|nothink, think_bos, [language], think_eos, [speaker], pad)
@@ -121,16 +122,17 @@ class PromptBuilder:
         self._voice_memo = LRU(VOICE_MEMO_SIZE)
         self._memo_stamp: tuple = ()
 
-    def _token_ids(self, texts: list[str]) -> list[tuple[list[int], torch.Tensor]]:
-        """Token ids of each text, as a list and as a [1, L] tensor on the talker's device: one batched tokenizer
-        call and one copy for all of them. A served burst builds dozens of prompts at once, and one call and one
-        small copy per prompt were most of its prompt building (docs/performance.md, eighth pass). Each prompt's
-        pieces are slices of these (views), embedded slice by slice as the official implementation does."""
+    def _embed_texts(self, texts: list[str]) -> list[torch.Tensor]:
+        """Each text's token embeddings P(ids) [1, L, H] on the talker's device: one
+        batched tokenizer call, one copy and one projection for all of them; each prompt's pieces are slices
+        (views) of these. A served burst builds dozens of prompts at once: one tokenizer call and one copy per
+        prompt were most of its building (docs/performance.md, eighth pass), then the projection of each slice
+        (~5 kernels each, ~4 slices per prompt; each new slice length also a new shape for cuBLAS to plan)."""
         if not texts:
             return []
         ids = self.tokenizer(texts)["input_ids"]
-        flat = upload([i for row in ids for i in row], torch.int64, self._device)
-        return list(zip(ids, (row[None] for row in flat.split([len(row) for row in ids]))))
+        embedded = self.talker.embed_text(upload([i for row in ids for i in row], torch.int64, self._device))
+        return [row[None] for row in embedded.split([len(row) for row in ids])]
 
     @property
     def _device(self) -> torch.device:
@@ -200,9 +202,9 @@ class PromptBuilder:
                 out[i] = exc
         self._check_memo()
         texts = [self._texts(reqs[i]) for i in valid]
-        ids = iter(self._token_ids([t for named in texts for t in named.values()]))
+        embedded = iter(self._embed_texts([t for named in texts for t in named.values()]))
         for i, named in zip(valid, texts):
-            out[i] = self._build(reqs[i], **{name: next(ids) for name in named})
+            out[i] = self._build(reqs[i], **{name: next(embedded) for name in named})
         return out
 
     def _texts(self, req: SynthesisRequest) -> dict[str, str]:
@@ -220,16 +222,15 @@ class PromptBuilder:
             return None
         return req.instruct or None
 
-    def _build(self, req: SynthesisRequest, text: tuple[list[int], torch.Tensor], instruct=None, ref=None) -> Prompt:
-        """One prompt from the ids of its texts (_texts), each as _token_ids gives them: (list, device tensor)."""
+    def _build(self, req: SynthesisRequest, text: torch.Tensor, instruct=None, ref=None) -> Prompt:
+        """One prompt from its texts (_texts), each as _embed_texts gives them: embeddings [1, L, H]."""
         cfg, t, talker = self.cfg, self.cfg.talker, self.talker
-        host_ids, input_id = text
         non_streaming = req.non_streaming_text
         if non_streaming is None:
             non_streaming = req.task != "voice_clone"
         parts = []
         if instruct is not None:
-            parts.append(talker.embed_text(instruct[1]))
+            parts.append(instruct)
 
         lang = (req.language or "auto").lower()
         language_id = None if lang == "auto" else t.codec_language_id[lang]
@@ -259,26 +260,25 @@ class PromptBuilder:
             codec, head = self._memo(("header", *tags, spk), lambda: header(
                 None if spk is None else self._codec([spk])))
 
-        parts.append(self._memo(("text", *host_ids[:3]), lambda: talker.embed_text(input_id[:, :3])))
+        parts.append(text[:, :3])
         parts.append(head)
 
         if req.icl:
-            body, trailing = self._icl_body(req, input_id, ref[1][:, 3:-2], tts_pad, tts_eos, non_streaming)
+            body, trailing = self._icl_body(req, text, ref[:, 3:-2], tts_pad, tts_eos, non_streaming)
             parts.append(body)
         elif non_streaming:
-            body_ids = input_id[:, 3:-5]
-            parts.append(torch.cat((talker.embed_text(body_ids), tts_eos), dim=1)
-                         + self._codec_run(t.codec_pad_id, body_ids.shape[1] + 1))
+            body = text[:, 3:-5]
+            parts.append(torch.cat((body, tts_eos), dim=1) + self._codec_run(t.codec_pad_id, body.shape[1] + 1))
             parts.append(self._memo(("pad+bos",), lambda: tts_pad + self._codec([t.codec_bos_id])))
             trailing = tts_pad[:, :0]
         else:
-            parts.append(talker.embed_text(input_id[:, 3:4]) + codec[:, -1:])
-            trailing = torch.cat((talker.embed_text(input_id[:, 4:-5]), tts_eos), dim=1)
+            parts.append(text[:, 3:4] + codec[:, -1:])
+            trailing = torch.cat((text[:, 4:-5], tts_eos), dim=1)
         return Prompt(prefill=torch.cat(parts, dim=1)[0], trailing=trailing[0], tts_pad=tts_pad[0, 0])
 
-    def _icl_body(self, req, input_id, ref_id, tts_pad, tts_eos, non_streaming):
+    def _icl_body(self, req, text, ref, tts_pad, tts_eos, non_streaming):
         t, talker = self.cfg.talker, self.talker
-        text_embed = torch.cat((talker.embed_text(torch.cat((ref_id, input_id[:, 3:-5]), dim=-1)), tts_eos), dim=1)
+        text_embed = torch.cat((ref, text[:, 3:-5], tts_eos), dim=1)
         codec_embed = self._per_voice(("codes",), req.ref_codes, lambda: torch.cat(
             (self._codec([t.codec_bos_id]), talker.embed_frame(req.ref_codes.to(self._device))[None]), dim=1))
         text_len, codec_len = text_embed.shape[1], codec_embed.shape[1]
