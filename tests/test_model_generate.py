@@ -173,7 +173,8 @@ def test_prompts_built_together_equal_each_built_alone(cv, base, monkeypatch):
         talker = tts.model.talker
         projections = []
         real = type(talker).embed_text
-        monkeypatch.setattr(type(talker), "embed_text", lambda self, ids: projections.append(ids.shape) or real(self, ids))
+        monkeypatch.setattr(type(talker), "embed_text",
+                            lambda self, ids: projections.append(ids.shape) or real(self, ids))
         together = tts.prompts.build_many(reqs)
         monkeypatch.undo()
         assert len(projections) == 1  # every text of the burst, instructions and references included
