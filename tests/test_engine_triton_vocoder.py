@@ -1,5 +1,6 @@
-"""The fused vocoder kernels compute the torch reference's SnakeBeta and residual addition, and a decoder with
-them installed decodes (streamed, and one-shot with padded rows) the reference decoder's audio.
+"""The vocoder's kernels compute the torch reference: SnakeBeta in any layout, the window products of causal and
+transposed convolutions with their epilogues, and a decoder with them installed decodes (streamed, and one-shot
+with padded rows) the reference decoder's audio.
 
 CI has no GPU, so the kernels run in Triton's interpreter (TRITON_INTERPRET=1, CPU tensors), in a child
 process since Triton reads the variable when the kernels are decorated.
@@ -17,42 +18,73 @@ pytest.importorskip("triton", reason="triton is a test dependency (scripts/setup
 SCRIPT = textwrap.dedent("""
     import copy
     import torch
-    from serving.engine import triton_vocoder
+    import torch.nn.functional as F
+    from serving.engine import triton_conv, triton_vocoder
     from serving.model.codec_config import tiny_codec_config
-    from serving.model.codec_decoder import CodecDecoder, init_random_, snake_reference
+    from serving.model.codec_decoder import (CausalConv1d, CausalConvTranspose1d, CodecDecoder, init_random_,
+                                             snake_reference)
     from serving.model.codec_stream import IncrementalCodecDecoder
 
     gen = torch.Generator().manual_seed(0)
     checked = 0
-    for b, c, length in ((2, 3, 5), (1, 8, 1500), (3, 4, 1024), (2, 5, 0)):
+    for b, c, length in ((2, 3, 5), (1, 8, 1500), (3, 4, 1024), (2, 5, 0), (2, 96, 70)):
         wide = torch.randn(b, c, 2 * length + 3, generator=gen) * 3
-        x = wide[..., 3: 3 + length]  # a strided slice, as a transposed convolution's output is
-        y = torch.randn(b, c, length, generator=gen)
-        alpha, beta, bias = (torch.randn(c, generator=gen) * 0.5 for _ in range(3))
-        for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
-            xs, ys = x.to(dtype), y.to(dtype)
-            for with_bias in (None, bias):
-                got = triton_vocoder.snake(xs, alpha, beta, with_bias)
-                want = snake_reference(xs.float(), alpha, beta, with_bias).to(dtype)  # the kernel computes in fp32
-                assert got.dtype == dtype and got.shape == (b, c, length) and got.is_contiguous()
+        sliced = wide[..., 3: 3 + length]  # a strided slice, as a transposed convolution's output is
+        last = (torch.randn(b, length, c, generator=gen) * 3).transpose(1, 2)  # channels innermost
+        alpha, beta = (torch.randn(c, generator=gen) * 0.5 for _ in range(2))
+        for x in (sliced, last):
+            for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+                xs = x.to(dtype)
+                got = triton_vocoder.snake(xs, alpha, beta)
+                want = snake_reference(xs.float(), alpha, beta).to(dtype)  # the kernel computes in fp32
+                assert got.dtype == dtype and got.shape == (b, c, length)
+                assert got.is_contiguous() if x is sliced else got.stride() == xs.stride()
                 torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
                 # into the columns behind a causal convolution's history, leaving the history as it was
                 full = torch.full((b, c, 6 + length), 7.0, dtype=dtype)
-                assert triton_vocoder.snake(xs, alpha, beta, with_bias, out=full[..., 6:]).data_ptr() \
+                assert triton_vocoder.snake(xs, alpha, beta, out=full[..., 6:]).data_ptr() \
                     == full[..., 6:].data_ptr()
                 assert (full[..., :6] == 7).all()
                 torch.testing.assert_close(full[..., 6:].float(), want.float(), atol=tol, rtol=tol)
-            got = triton_vocoder.residual(xs, ys, bias)
-            torch.testing.assert_close(got.float(), (xs.float() + ys.float() + bias[:, None]).to(dtype).float(),
-                                       atol=tol, rtol=tol)
-            checked += 1
+                checked += 1
     print("shapes", checked)
+
+    # window products: causal convs (dilated, k1, one output channel) and transposed convs, any input strides,
+    # with SnakeBeta and a residual in the epilogue
+    products = 0
+    for b, c, c_out, k, d, length in ((2, 8, 5, 7, 3, 13), (1, 40, 16, 7, 1, 70), (2, 6, 1, 7, 1, 9),
+                                      (3, 16, 24, 1, 1, 5), (1, 96, 96, 7, 9, 140)):
+        w, bias = torch.randn(c_out, c, k, generator=gen) / (c * k) ** 0.5, torch.randn(c_out, generator=gen)
+        full = torch.randn(b, c, length + (k - 1) * d, generator=gen)
+        alpha, beta = (torch.randn(c_out, generator=gen) * 0.3 for _ in range(2))
+        res = torch.randn(b, c_out, length, generator=gen)
+        plain = F.conv1d(full, w, bias, dilation=d)
+        for x_blc in (full.transpose(1, 2), full.transpose(1, 2).contiguous()):
+            got = triton_conv.window_product(x_blc, triton_conv.conv_matrix(w), bias, taps=k, dilation=d)
+            torch.testing.assert_close(got.transpose(1, 2), plain, atol=1e-4, rtol=1e-4)
+            got = triton_conv.window_product(x_blc, triton_conv.conv_matrix(w), bias, taps=k, dilation=d,
+                                             snake=(alpha, beta), residual=res.transpose(1, 2))
+            torch.testing.assert_close(got.transpose(1, 2), snake_reference(plain, alpha, beta) + res,
+                                       atol=1e-4, rtol=1e-4)
+            products += 1
+    for b, c, c_out, stride, m, length in ((2, 8, 6, 5, 2, 7), (1, 16, 8, 2, 1, 9), (2, 12, 4, 3, 2, 1)):
+        w, bias = torch.randn(c, c_out, m * stride, generator=gen), torch.randn(c_out, generator=gen)
+        full = torch.randn(b, c, length + m - 1, generator=gen)
+        want = F.conv_transpose1d(full, w, bias, stride=stride)[..., (m - 1) * stride: (m - 1 + length) * stride]
+        got = triton_conv.window_product(full.transpose(1, 2), triton_conv.transposed_matrix(w, stride), bias,
+                                         taps=m, phases=stride)
+        torch.testing.assert_close(got.transpose(1, 2), want, atol=1e-4, rtol=1e-4)
+        products += 1
+    print("products", products)
 
     decoder = CodecDecoder(tiny_codec_config().decoder)
     init_random_(decoder, torch.Generator().manual_seed(0))
     decoder.eval()
     fused = copy.deepcopy(decoder)
     assert triton_vocoder.install(fused)
+    convs = [m for m in fused.modules() if isinstance(m, (CausalConv1d, CausalConvTranspose1d))]
+    assert all((m.product is None) == (m.conv.groups > 1) for m in convs)
+    assert sum(m.product is not None for m in convs) == 2 + 1 + 4 * (1 + 6) + 2  # pre_conv .. last conv
     codes = torch.randint(0, 2048, (2, 11, 16), generator=gen)
     with torch.inference_mode():
         whole = decoder(codes)
@@ -73,15 +105,18 @@ SCRIPT = textwrap.dedent("""
 
 def test_fused_kernels_compute_the_reference_and_decode_the_same_audio():
     out = run_interpreted(SCRIPT)
-    assert "shapes 8" in out and "streams equal" in out and "padded batches equal" in out
+    assert "shapes 20" in out and "products 13" in out and "streams equal" in out
+    assert "padded batches equal" in out
 
 
 def test_the_codec_stage_fuses_on_cuda_only():
     from serving.engine.codec_stage import fused_activations
     from serving.model.codec_config import tiny_codec_config
-    from serving.model.codec_decoder import CodecDecoder, ResidualUnit, SnakeBeta, snake_reference
+    from serving.model.codec_decoder import (CausalConv1d, CausalConvTranspose1d, CodecDecoder, SnakeBeta,
+                                             snake_reference)
 
     decoder = CodecDecoder(tiny_codec_config().decoder)
     assert not fused_activations(decoder, torch.device("cpu"))
     assert all(m.kernel is snake_reference for m in decoder.modules() if isinstance(m, SnakeBeta))
-    assert all(m.add_kernel is None for m in decoder.modules() if isinstance(m, ResidualUnit))
+    assert all(m.product is None for m in decoder.modules()
+               if isinstance(m, (CausalConv1d, CausalConvTranspose1d)))

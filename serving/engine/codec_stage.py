@@ -33,8 +33,9 @@ T = TypeVar("T")
 
 
 def fused_activations(decoder: torch.nn.Module, device: torch.device) -> bool:
-    """On CUDA, run the vocoder's SnakeBetas and residual additions as fused Triton kernels (triton_vocoder, in
-    place); elsewhere, or without Triton, the torch reference stays. Returns whether the kernels are in."""
+    """On CUDA, run the vocoder's convolutions and SnakeBetas as Triton kernels (triton_vocoder: window products
+    with the residual units' activations and additions in their epilogues, in place); elsewhere, or without
+    Triton, the torch reference stays. Returns whether the kernels are in."""
     if device.type != "cuda":
         return False
     try:

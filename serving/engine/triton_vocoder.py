@@ -1,99 +1,98 @@
-"""The vocoder's per-sample elementwise work as Triton kernels, for CUDA: SnakeBeta (with the bias of the
-convolution before it folded in) and the residual units' addition (with the bias of the convolution before it).
+"""The vocoder on CUDA: every convolution as a window product (triton_conv.py, channels innermost, with the
+residual units' SnakeBeta and addition in its epilogue) and the remaining SnakeBetas as one Triton pass each.
 
-At the sample-rate stages of the codec (96-192 channels, 1920 samples per frame) the elementwise passes, not
-the convolutions, were most of a codec call on an H100: a compiled SnakeBeta took 26% of a 64 x 25-frame call
-and the convolutions' bias additions (a broadcast `add_` after each cuDNN call, not vectorized) another 18%
-(docs/perf-raw/2026-11-21-h100-s2-codec-profile-bf16-compiled-snake.txt). Here a residual unit's two biases
-ride along in the kernels that read those tensors anyway. One program handles one (row, channel) strip of
-samples, so a channel's parameters are loaded once and no per-sample index arithmetic picks them; inputs may
-be strided (a transposed convolution's output is a slice), and so may SnakeBeta's output: given `out`, it
-writes straight behind a causal convolution's history (codec_decoder.Frames.with_history), saving the
-concatenation that would copy it there. Arithmetic is float32 whatever the storage dtype.
+At the sample-rate stages of the codec (96-192 channels, 1920 samples per frame) the elementwise passes and
+cuDNN's layout conversions, not the products, were most of a codec call on an H100 (a 64 x 25-frame call: cuDNN's
+products ~15 ms, its conversions ~10, SnakeBeta 8, the residual additions and bias passes ~8;
+docs/perf-raw/2026-11-22-h100-s6-codec-ab-history-buffer-raw.tgz). Installed, a residual unit is one SnakeBeta
+pass into its k7 convolution's history buffer, the k7 product with the next SnakeBeta (and the bias) in its
+epilogue, and the k1 product with the bias and the residual in its epilogue; the activations stay (B, L, C)
+from the transformer's output to the waveform.
 
-`install(decoder)` points every SnakeBeta and ResidualUnit of a decoder at these kernels; the plain torch modules
-stay the definition of the maths and the CPU path.
+`install(decoder)` points the decoder's SnakeBetas and convolutions at these kernels; the torch modules stay the
+definition of the maths and the CPU path.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import triton
 import triton.language as tl
 
-from serving.model.codec_decoder import ResidualUnit, SnakeBeta
+from serving.engine.triton_conv import FAST_SIN, conv_matrix, snake_beta, transposed_matrix, window_product
+from serving.model.codec_decoder import CausalConv1d, CausalConvTranspose1d, SnakeBeta
 
 
-def _block(length: int) -> int:
-    return min(1024, triton.next_power_of_2(max(length, 16)))
-
-
-@triton.jit
-def _snake_kernel(x_ptr, sxb, sxc, sxl, out_ptr, sob, soc, sol, alpha_ptr, beta_ptr, bias_ptr, channels, length,
-                  HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)  # b * channels + c
-    b = row // channels
-    c = row % channels
-    t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    inside = t < length
-    x = tl.load(x_ptr + b * sxb + c * sxc + t * sxl, mask=inside, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        x += tl.load(bias_ptr + c).to(tl.float32)
-    alpha = tl.exp(tl.load(alpha_ptr + c).to(tl.float32))
-    inv_beta = 1.0 / (tl.exp(tl.load(beta_ptr + c).to(tl.float32)) + 1e-9)
-    s = tl.sin(x * alpha)
-    tl.store(out_ptr + b * sob + c * soc + t * sol, (x + inv_beta * s * s).to(out_ptr.dtype.element_ty),
-             mask=inside)
+def _tiles(x_bcl: torch.Tensor) -> tuple[int, int]:
+    """(BLOCK_C, BLOCK_L) of a program: long along whichever axis is contiguous, so its loads coalesce."""
+    c, length = x_bcl.shape[1:]
+    if x_bcl.stride(1) == 1 and c > 1:  # channels innermost
+        block_c = min(128, triton.next_power_of_2(c))
+        return block_c, max(1, 4096 // block_c)
+    return 1 if length >= 1024 else 4, min(1024, triton.next_power_of_2(max(length, 16)))
 
 
 @triton.jit
-def _residual_kernel(x_ptr, sxb, sxc, sxl, y_ptr, syb, syc, syl, bias_ptr, out_ptr, channels, length,
-                     BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    b = row // channels
-    c = row % channels
-    t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    inside = t < length
-    x = tl.load(x_ptr + b * sxb + c * sxc + t * sxl, mask=inside, other=0.0).to(tl.float32)
-    y = tl.load(y_ptr + b * syb + c * syc + t * syl, mask=inside, other=0.0).to(tl.float32)
-    y += tl.load(bias_ptr + c).to(tl.float32)
-    tl.store(out_ptr + row * length + t, (x + y).to(out_ptr.dtype.element_ty), mask=inside)
+def _snake_kernel(x_ptr, sxb, sxc, sxl, out_ptr, sob, soc, sol, alpha_ptr, beta_ptr, channels, length,
+                  FAST_SIN: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_L: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    t = (tl.program_id(2) * BLOCK_L + tl.arange(0, BLOCK_L)).to(tl.int64)
+    c_ok = c < channels
+    inside = c_ok[:, None] & (t < length)[None, :]
+    x = tl.load(x_ptr + b * sxb + c[:, None] * sxc + t[None, :] * sxl, mask=inside, other=0.0).to(tl.float32)
+    y = snake_beta(x, tl.load(alpha_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[:, None],
+                   tl.load(beta_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[:, None], FAST_SIN)
+    tl.store(out_ptr + b * sob + c[:, None] * soc + t[None, :] * sol, y.to(out_ptr.dtype.element_ty), mask=inside)
 
 
-def snake(x_bcl: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
-          bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """codec_decoder.snake_reference in one pass (into `out`, any strides, if given)."""
+def snake(x_bcl: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, out: torch.Tensor | None = None
+          ) -> torch.Tensor:
+    """codec_decoder.snake_reference in one pass (into `out`, any strides, if given; else laid out as x)."""
     b, c, length = x_bcl.shape
     if out is None:
-        out = torch.empty((b, c, length), dtype=x_bcl.dtype, device=x_bcl.device)
+        out = torch.empty_like(x_bcl)
     elif out.shape != x_bcl.shape:
         raise ValueError(f"snake output {tuple(out.shape)} for an input of {tuple(x_bcl.shape)}")
     if out.numel():
-        block = _block(length)
-        _snake_kernel[(b * c, triton.cdiv(length, block))](
-            x_bcl, *x_bcl.stride(), out, *out.stride(), alpha, beta, alpha if bias is None else bias, c, length,
-            HAS_BIAS=bias is not None, BLOCK=block)
+        block_c, block_l = _tiles(x_bcl)
+        _snake_kernel[(b, triton.cdiv(c, block_c), triton.cdiv(length, block_l))](
+            x_bcl, *x_bcl.stride(), out, *out.stride(), alpha, beta, c, length, FAST_SIN=FAST_SIN,
+            BLOCK_C=block_c, BLOCK_L=block_l)
     return out
 
 
-def residual(x_bcl: torch.Tensor, y_bcl: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """x + y + bias (per channel) in one pass."""
-    b, c, length = x_bcl.shape
-    out = torch.empty((b, c, length), dtype=x_bcl.dtype, device=x_bcl.device)
-    if out.numel():
-        block = _block(length)
-        _residual_kernel[(b * c, triton.cdiv(length, block))](
-            x_bcl, *x_bcl.stride(), y_bcl, *y_bcl.stride(), bias, out, c, length, BLOCK=block)
-    return out
+def _product(module: CausalConv1d | CausalConvTranspose1d) -> Callable:
+    """The module's `product`: (history-prefixed input (B, C, L'), then, residual) -> output (B, C_out, L_out)
+    laid out (B, L_out, C_out), from the module's weights as they are now (prepacked once)."""
+    conv = module.conv
+    if isinstance(module, CausalConvTranspose1d):
+        stride = conv.stride[0]
+        matrix, taps, dilation, phases = transposed_matrix(conv.weight, stride), module.history + 1, 1, stride
+    else:
+        matrix, taps, dilation, phases = conv_matrix(conv.weight), conv.kernel_size[0], conv.dilation[0], 1
+    bias = conv.bias if conv.bias is not None else conv.weight.new_zeros(conv.out_channels)
+
+    def product(full_bcl: torch.Tensor, then: SnakeBeta | None, residual: torch.Tensor | None) -> torch.Tensor:
+        out = window_product(full_bcl.transpose(1, 2), matrix, bias, taps, dilation, phases,
+                             snake=(then.alpha, then.beta) if then is not None else None,
+                             residual=residual.transpose(1, 2) if residual is not None else None)
+        return out.transpose(1, 2)
+
+    return product
 
 
 def install(decoder: torch.nn.Module) -> bool:
-    """Point the decoder's SnakeBetas and residual additions at the kernels (in place); returns whether any."""
+    """Point the decoder's SnakeBetas and (ungrouped) convolutions at the kernels, in place; returns whether any.
+    Install after the weights are final: each convolution's are prepacked here."""
     found = False
     for module in decoder.modules():
         if isinstance(module, SnakeBeta):
             module.kernel = snake
             found = True
-        elif isinstance(module, ResidualUnit):
-            module.add_kernel = residual
+        elif isinstance(module, (CausalConv1d, CausalConvTranspose1d)) and module.conv.groups == 1:
+            module.product = _product(module)
+            found = True
     return found

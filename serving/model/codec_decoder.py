@@ -55,12 +55,16 @@ class Frames:
 
     def with_history(self, module: nn.Module, x_bcl: torch.Tensor, n: int, act: nn.Module | None = None
                      ) -> torch.Tensor:
-        """x (B, C, L) at this rate, or act(x), with the n inputs before it prepended: (B, C, n + L). act writes
-        straight into the buffer behind the history (`out=`), which saves re-copying its output there."""
+        """x (B, C, L) at this rate, or act(x), with the n inputs before it prepended: (B, C, n + L), laid out as
+        x. act writes straight into the buffer behind the history (`out=`), which saves re-copying its output
+        there."""
         if n == 0:
             return x_bcl if act is None else act(x_bcl)
         b, c, length = x_bcl.shape
-        full = x_bcl.new_empty((b, c, n + length))
+        if x_bcl.stride(1) == 1 and c > 1:  # channels innermost, as the engine's window products write them
+            full = x_bcl.new_empty((b, n + length, c)).transpose(1, 2)
+        else:
+            full = x_bcl.new_empty((b, c, n + length))
         full[..., :n] = self.history(module, x_bcl, n)
         if act is None:
             full[..., n:] = x_bcl
@@ -99,18 +103,24 @@ class CausalConv1d(nn.Module):
     """Conv1d over its input with (k - 1) * dilation earlier inputs before it (stride 1 throughout the decoder),
     so output t sees inputs <= t."""
 
+    product = None  # the engine's window product (serving/engine/triton_conv.py) for this conv; None: torch
+
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, groups: int = 1):
         super().__init__()
         self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
         self.left_pad = (kernel_size - 1) * dilation
 
-    def forward(self, x: torch.Tensor, frames: Frames, bias: bool = True, act: nn.Module | None = None
-                ) -> torch.Tensor:
-        """Of act(x) if act is given (see Frames.with_history). bias=False leaves the bias out, for the caller
-        to add in a pass it makes anyway."""
+    def forward(self, x: torch.Tensor, frames: Frames, act: nn.Module | None = None, then: nn.Module | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """residual + then(conv(act(x))), each part where given (see Frames.with_history for act)."""
+        full = frames.with_history(self, x, self.left_pad, act)
+        if self.product is not None:
+            return self.product(full, then, residual)
         conv = self.conv
-        return F.conv1d(frames.with_history(self, x, self.left_pad, act), conv.weight, conv.bias if bias else None,
-                        dilation=conv.dilation, groups=conv.groups)
+        y = F.conv1d(full, conv.weight, conv.bias, dilation=conv.dilation, groups=conv.groups)
+        if then is not None:
+            y = then(y)
+        return y if residual is None else residual + y
 
 
 class CausalConvTranspose1d(nn.Module):
@@ -118,6 +128,8 @@ class CausalConvTranspose1d(nn.Module):
 
     The m - 1 earlier inputs are prepended (zeros at the start) and the samples they own cut, as are the
     k - s samples overhanging on the right, so a chunk's samples are exactly those of the one-shot decode."""
+
+    product = None  # as CausalConv1d's: computes only the samples kept
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int):
         super().__init__()
@@ -128,17 +140,18 @@ class CausalConvTranspose1d(nn.Module):
 
     def forward(self, x: torch.Tensor, frames: Frames, act: nn.Module | None = None) -> torch.Tensor:
         """Of act(x) if act is given (see Frames.with_history)."""
-        y = self.conv(frames.with_history(self, x, self.history, act))
+        full = frames.with_history(self, x, self.history, act)
+        if self.product is not None:
+            return self.product(full, None, None)
+        y = self.conv(full)
         start = self.history * self.conv.stride[0]
         return y[..., start: start + x.shape[-1] * self.conv.stride[0]]
 
 
 def snake_reference(x_bcl: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
-                    bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """SnakeBeta of x (+ a per-channel bias first): x + sin^2(x * e^alpha) / e^beta (alpha, beta as logs),
-    into `out` (B, C, L), which may be a strided view, if given."""
-    if bias is not None:
-        x_bcl = x_bcl + bias[None, :, None]
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """SnakeBeta of x: x + sin^2(x * e^alpha) / e^beta (alpha, beta as logs), into `out` (B, C, L), which may
+    be a strided view, if given."""
     alpha = torch.exp(alpha)[None, :, None]
     beta = torch.exp(beta)[None, :, None]
     y = x_bcl + (1.0 / (beta + 1e-9)) * torch.pow(torch.sin(x_bcl * alpha), 2)
@@ -156,9 +169,8 @@ class SnakeBeta(nn.Module):
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
-                ) -> torch.Tensor:
-        return self.kernel(x, self.alpha, self.beta, bias, out=out)
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.kernel(x, self.alpha, self.beta, out=out)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -184,15 +196,9 @@ class ResidualUnit(nn.Module):
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv1d(dim, dim, kernel_size=1)
 
-    add_kernel = None  # the engine's fused (x, y, bias) -> x + y + bias (triton_vocoder); None: plain torch
-
     def forward(self, x: torch.Tensor, frames: Frames) -> torch.Tensor:
-        if self.add_kernel is None:
-            return x + self.conv2(self.act2(self.conv1(x, frames, act=self.act1)), frames)
-        # fused: each convolution's bias is added in the elementwise pass after it, not in a pass of its own
-        h = self.conv1(x, frames, bias=False, act=self.act1)
-        h = self.conv2(self.act2(h, self.conv1.conv.bias), frames, bias=False)
-        return self.add_kernel(x, h, self.conv2.conv.bias)
+        h = self.conv1(x, frames, act=self.act1, then=self.act2)
+        return self.conv2(h, frames, residual=x)
 
 
 class DecoderBlock(nn.Module):
