@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from serving.engine import triton_conv, triton_vocoder  # noqa: E402
 
 TILES = [(bm, bn, bk, w, s) for bm in (64, 128) for bn in (32, 64, 128) for bk in (32, 64)
-         for w, s in ((4, 3), (8, 4))]
+         for w, s in ((4, 3), (8, 4))] + [(256, bn, 32, 8, s) for bn in (64, 128) for s in (2, 3)]
 
 
 def layers(frames: int) -> list[dict]:
@@ -59,6 +59,21 @@ def median_ms(fn, repeats: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def best_tile(run, n: int, c: int, repeats: int) -> tuple[float, tuple]:
+    """(ms, tile) of the fastest tile of TILES that fits n columns and c channels a tap for run(blocks)."""
+    best = None
+    for blocks in TILES:
+        if blocks[1] > max(32, 2 * n) or blocks[2] > max(32, c):
+            continue
+        try:
+            ms = median_ms(lambda: run(blocks), max(5, repeats // 2))
+        except Exception:  # a tile that needs more shared memory than the GPU has
+            continue
+        if best is None or ms < best[0]:
+            best = (ms, blocks)
+    return best
 
 
 def bench_layer(spec: dict, batch: int, repeats: int, sweep: bool, dtype) -> dict:
@@ -96,21 +111,11 @@ def bench_layer(spec: dict, batch: int, repeats: int, sweep: bool, dtype) -> dic
         want = want[..., history * s: history * s + length * s]
     row["max_dev"] = float((out.transpose(1, 2).float() - want.float()).abs().max())
     if sweep:
-        best = None
-        for blocks in TILES:
-            if blocks[1] > max(32, 2 * matrix.shape[1]) or blocks[2] > max(32, c):
-                continue
-            try:
-                ms = median_ms(lambda: run(blocks), max(5, repeats // 2))
-            except Exception:  # a tile that needs more shared memory than the GPU has
-                continue
-            if best is None or ms < best[0]:
-                best = (ms, blocks)
-        row["best"], row["best_blocks"] = best
+        row["best"], row["best_blocks"] = best_tile(run, matrix.shape[1], c, repeats)
     return row
 
 
-def bench_unit(c: int, length: int, batch: int, dilation: int, repeats: int, dtype) -> dict:
+def bench_unit(c: int, length: int, batch: int, dilation: int, repeats: int, sweep: bool, dtype) -> dict:
     """A residual unit's whole work in (B, C, L) with cuDNN (SnakeBeta kernel, k7 conv, SnakeBeta kernel, k1 conv,
     addition) against the installed path (SnakeBeta into the history buffer, then two window products whose
     epilogues apply the second SnakeBeta and add the residual), with the installed path's pieces."""
@@ -145,9 +150,15 @@ def bench_unit(c: int, length: int, batch: int, dilation: int, repeats: int, dty
         return triton_conv.window_product(h, m2, b2, 1, residual=x_blc)
 
     deviation = float((window().transpose(1, 2).float() - cudnn().float()).abs().max())
-    return dict(unit=f"unit {c} d{dilation}", batch=batch, length=length, cudnn=median_ms(cudnn, repeats),
-                window=median_ms(window, repeats), max_dev=deviation,
-                pieces={name: median_ms(fn, repeats) for name, fn in pieces.items()})
+    row = dict(unit=f"unit {c} d{dilation}", batch=batch, length=length, cudnn=median_ms(cudnn, repeats),
+               window=median_ms(window, repeats), max_dev=deviation,
+               pieces={name: median_ms(fn, repeats) for name, fn in pieces.items()})
+    if sweep:  # the epilogues change what fits in registers, so the products with them get their own sweep
+        row["best_k7_snake"] = best_tile(lambda blocks: triton_conv.window_product(
+            full_blc, m1, b1, 7, dilation, snake=(a2, be2), blocks=blocks), c, c, repeats)
+        row["best_k1_residual"] = best_tile(lambda blocks: triton_conv.window_product(
+            h_blc, m2, b2, 1, residual=x_blc, blocks=blocks), c, c, repeats)
+    return row
 
 
 def main() -> None:
@@ -181,12 +192,14 @@ def main() -> None:
         print(f"{'sum':28s} {'':9s} {'':7s} {total['cudnn_ncl']:9.3f} {total['cudnn_nlc']:9.3f} "
               f"{total['window']:8.3f} {total['best'] or total['window']:8.3f}")
         for c, length in ((768, 32 * frames), (384, 160 * frames), (192, 640 * frames), (96, 1920 * frames)):
-            unit = bench_unit(c, length, batch, 3, args.repeats, dtype)
+            unit = bench_unit(c, length, batch, 3, args.repeats, args.sweep, dtype)
             unit["call"] = call
             units.append(unit)
             print(f"residual {unit['unit']:14s} cudnn {unit['cudnn']:8.3f} ms, window {unit['window']:8.3f} ms "
                   f"({unit['cudnn'] / unit['window']:.2f}x), max dev {unit['max_dev']:.1e}")
             print("    " + ", ".join(f"{name} {ms:.3f}" for name, ms in unit["pieces"].items()))
+            if args.sweep:
+                print(f"    best k7_snake {unit['best_k7_snake']}, best k1_residual {unit['best_k1_residual']}")
     if args.json:
         args.json.write_text(json.dumps(dict(layers=rows, units=units), indent=1))
 

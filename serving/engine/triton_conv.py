@@ -93,18 +93,18 @@ def transposed_matrix(weight: torch.Tensor, stride: int) -> torch.Tensor:
     return weight.view(c, c_out, m, stride).flip(2).permute(2, 0, 3, 1).reshape(m * c, stride * c_out).contiguous()
 
 
-def pick_blocks(rows: int, n: int, c: int, taps: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for `rows` output rows of n columns from `taps` x c inputs:
-    the tiles that timed best on an H100 for the codec's shapes (benchmarks/vocoder_conv_bench.py --sweep)."""
+def pick_blocks(rows: int, n: int, c: int, snake: bool) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for `rows` output rows of n columns from c channels a tap: the
+    tiles that timed best on an H100 for the codec's shapes (benchmarks/vocoder_conv_bench.py --sweep). Large
+    products with the SnakeBeta epilogue need room for its registers: a 32-deep K step (a 96-channel k7 unit
+    at 64 x 25 frames: 2.46 -> 1.51 ms), or at 768 channels and more, 8 warps."""
     block_k = 64 if c % 64 == 0 else 32
     block_n = min(128, max(16, triton.next_power_of_2(n)))
-    if n <= 16:  # the last conv's single channel
-        return 128, block_n, block_k, 4, 3
-    if rows < 8192:  # few rows: smaller tiles, more programs
+    if rows < 8192 and n > 16:  # few rows: smaller tiles, more programs
         return 64, block_n, block_k, 4, 3
-    if taps >= 7 and c <= 192:
-        return 256, 64, 32, 8, 3
-    return (128, block_n, block_k, 4, 3) if taps <= 2 else (128, block_n, block_k, 8, 4)
+    if snake:
+        return (128, block_n, 64, 8, 4) if c >= 768 else (128, block_n, 32, 4, 3)
+    return 128, block_n, block_k, 4, 3
 
 
 def window_product(x_blc: torch.Tensor, matrix: torch.Tensor, bias: torch.Tensor, taps: int, dilation: int = 1,
@@ -125,7 +125,7 @@ def window_product(x_blc: torch.Tensor, matrix: torch.Tensor, bias: torch.Tensor
         out = torch.empty((b, length * phases, c_out), dtype=x_blc.dtype, device=x_blc.device)
     if not out.numel():
         return out
-    block_m, block_n, block_k, warps, stages = blocks or pick_blocks(b * length, n, c, taps)
+    block_m, block_n, block_k, warps, stages = blocks or pick_blocks(b * length, n, c, snake is not None)
     tiles = triton.cdiv(length, block_m)
     alpha, beta = snake if snake is not None else (bias, bias)
     res = residual if residual is not None else out
