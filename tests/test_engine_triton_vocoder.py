@@ -85,7 +85,7 @@ SCRIPT = textwrap.dedent("""
     convs = [m for m in fused.modules() if isinstance(m, (CausalConv1d, CausalConvTranspose1d))]
     assert all((m.product is None) == (m.conv.groups > 1) for m in convs)
     assert sum(m.product is not None for m in convs) == 2 + 1 + 4 * (1 + 6) + 2  # pre_conv .. last conv
-    codes = torch.randint(0, 2048, (2, 11, 16), generator=gen)
+    codes = torch.randint(0, 2048, (2, 6, 16), generator=gen)
     with torch.inference_mode():
         whole = decoder(codes)
     pool = IncrementalCodecDecoder(fused, num_slots=2)
