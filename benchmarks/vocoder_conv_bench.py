@@ -27,24 +27,29 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from serving.engine import triton_conv, triton_vocoder  # noqa: E402
+from serving.model.codec_config import released_codec_config  # noqa: E402
 
 TILES = [(bm, bn, bk, w, s) for bm in (64, 128) for bn in (32, 64, 128) for bk in (32, 64)
          for w, s in ((4, 3), (8, 4))] + [(256, bn, 32, 8, s) for bn in (64, 128) for s in (2, 3)]
 
 
-def layers(frames: int) -> list[dict]:
-    """(name, kind, C, C_out, kernel, dilation / stride, input rows L) of the released vocoder for `frames`."""
-    out = [dict(name="upsample1 T 1024 r2", transposed=True, c=1024, co=1024, k=2, s=2, L=frames),
-           dict(name="upsample2 T 1024 r2", transposed=True, c=1024, co=1024, k=2, s=2, L=2 * frames),
-           dict(name="decoder0 1024->1536 k7", transposed=False, c=1024, co=1536, k=7, s=1, L=4 * frames)]
-    c, length = 1536, 4 * frames
-    for r in (8, 5, 4, 3):
+def layers(cfg, frames: int) -> list[dict]:
+    """(name, kind, C, C_out, kernel, dilation / stride, input rows L) of each distinct ungrouped convolution of a
+    codec decoder config's vocoder (CodecDecoder.vocode's order) for `frames`."""
+    out, length, latent = [], frames, cfg.latent_dim
+    for i, r in enumerate(cfg.upsampling_ratios):
+        out.append(dict(name=f"upsample{i + 1} T {latent} r{r}", transposed=True, c=latent, co=latent, k=r, s=r,
+                        L=length))
+        length *= r
+    c = cfg.decoder_dim
+    out.append(dict(name=f"decoder0 {latent}->{c} k7", transposed=False, c=latent, co=c, k=7, s=1, L=length))
+    for r in cfg.upsample_rates:
         out.append(dict(name=f"block r{r} T {c}->{c // 2}", transposed=True, c=c, co=c // 2, k=2 * r, s=r, L=length))
         c, length = c // 2, length * r
         for d in (1, 3, 9):
             out.append(dict(name=f"  unit {c} k7 d{d}", transposed=False, c=c, co=c, k=7, s=d, L=length))
         out.append(dict(name=f"  unit {c} k1", transposed=False, c=c, co=c, k=1, s=1, L=length))
-    out.append(dict(name="final 96->1 k7", transposed=False, c=96, co=1, k=7, s=1, L=length))
+    out.append(dict(name=f"final {c}->1 k7", transposed=False, c=c, co=1, k=7, s=1, L=length))
     return out
 
 
@@ -179,7 +184,8 @@ def main() -> None:
         print(f"\n=== {batch} x {frames} frames, {args.dtype} ===")
         print(f"{'layer':28s} {'rows':>9s} {'GFLOP':>7s} {'cudnn NCL':>9s} {'cudnn NLC':>9s} {'window':>8s} "
               f"{'best':>8s} {'TFLOP/s':>7s} {'max dev':>8s} best tile")
-        for spec in layers(frames):
+        specs = layers(released_codec_config().decoder, frames)
+        for spec in specs:
             row = bench_layer(spec, batch, args.repeats, args.sweep, dtype)
             row["call"] = call
             rows.append(row)
@@ -191,8 +197,8 @@ def main() -> None:
                   f"{row['max_dev']:8.1e} {row.get('best_blocks', '')}")
         print(f"{'sum':28s} {'':9s} {'':7s} {total['cudnn_ncl']:9.3f} {total['cudnn_nlc']:9.3f} "
               f"{total['window']:8.3f} {total['best'] or total['window']:8.3f}")
-        for c, length in ((768, 32 * frames), (384, 160 * frames), (192, 640 * frames), (96, 1920 * frames)):
-            unit = bench_unit(c, length, batch, 3, args.repeats, args.sweep, dtype)
+        for spec in (spec for spec in specs if spec["name"].endswith("k1")):  # one unit per block
+            unit = bench_unit(spec["c"], spec["L"], batch, 3, args.repeats, args.sweep, dtype)
             unit["call"] = call
             units.append(unit)
             print(f"residual {unit['unit']:14s} cudnn {unit['cudnn']:8.3f} ms, window {unit['window']:8.3f} ms "

@@ -109,14 +109,14 @@ def test_fused_kernels_compute_the_reference_and_decode_the_same_audio():
     assert "padded batches equal" in out
 
 
-def test_the_codec_stage_fuses_on_cuda_only():
-    from serving.engine.codec_stage import fused_activations
+def test_the_codec_stage_installs_the_kernels_on_cuda_only():
+    from serving.engine.codec_stage import vocoder_kernels
     from serving.model.codec_config import tiny_codec_config
     from serving.model.codec_decoder import (CausalConv1d, CausalConvTranspose1d, CodecDecoder, SnakeBeta,
                                              snake_reference)
 
     decoder = CodecDecoder(tiny_codec_config().decoder)
-    assert not fused_activations(decoder, torch.device("cpu"))
+    assert not vocoder_kernels(decoder, torch.device("cpu"))
     assert all(m.kernel is snake_reference for m in decoder.modules() if isinstance(m, SnakeBeta))
     assert all(m.product is None for m in decoder.modules()
                if isinstance(m, (CausalConv1d, CausalConvTranspose1d)))

@@ -32,7 +32,7 @@ from serving.model.codec_stream import IncrementalCodecDecoder, next_chunk_frame
 T = TypeVar("T")
 
 
-def fused_activations(decoder: torch.nn.Module, device: torch.device) -> bool:
+def vocoder_kernels(decoder: torch.nn.Module, device: torch.device) -> bool:
     """On CUDA, run the vocoder's convolutions and SnakeBetas as Triton kernels (triton_vocoder: window products
     with the residual units' activations and additions in their epilogues, in place); elsewhere, or without
     Triton, the torch reference stays. Returns whether the kernels are in."""
@@ -184,7 +184,7 @@ class CodecRunner:
         self._free = list(range(num_slots - 1, -1, -1))
         self.graphs = CodecGraphs(self.pool, list(graph_buckets), num_quantizers, device) if graph_buckets else None
         self.graph_budget_bytes = graph_budget_bytes
-        self.fused_activations = fused_activations(decoder, device)
+        self.vocoder_kernels = vocoder_kernels(decoder, device)
         self._host: torch.Tensor | None = None  # pinned landing buffer of the waveforms (GPU only, see _to_host)
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
         self._primed = LRU(primed_cache_size)  # reference codes' hash -> the state priming leaves
@@ -220,7 +220,7 @@ class CodecRunner:
         """The codec's side of the engine's configuration (GET /health): device, dtype, state, graphs."""
         param = next(self.pool.decoder.parameters())
         d = {"codec_device": str(param.device), "codec_dtype": str(param.dtype).removeprefix("torch."),
-             "codec_slots": self.num_slots, "codec_fused_activations": self.fused_activations,
+             "codec_slots": self.num_slots, "codec_vocoder_kernels": self.vocoder_kernels,
              "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
         report = self.graph_report or CodecGraphReport((), (), 0, self.graph_budget_bytes)
         return d | report.describe() | (self.prime_graphs.describe() if self.prime_graphs is not None else {})

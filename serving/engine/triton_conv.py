@@ -12,7 +12,7 @@ converted the codec's (B, C, L) activations to and from that layout around every
 The epilogue adds the bias and, optionally, applies SnakeBeta (the activation the next convolution reads) and
 adds a residual, so the residual units' elementwise passes ride along. Accumulation is float32. On a GPU the
 sine is the hardware's approximate one (`snake_beta`): libdevice's exact sinf keeps a local array for its slow
-range reduction, which spilled the product's registers and doubled a 96-channel k7 call on an H100
+range reduction, which spilled the product's registers and made a 96-channel k7 call 1.8x slower on an H100
 (docs/perf-raw/2026-11-26-h100-s25-*); the approximation's error (~1e-6 near zero, growing slowly with the
 argument) is far below half precision's.
 """
@@ -71,7 +71,7 @@ def _window_product_kernel(
     acc += tl.load(bias_ptr + channel, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if SNAKE:
         acc = snake_beta(acc, tl.load(alpha_ptr + channel, mask=col_ok, other=0.0).to(tl.float32)[None, :],
-                    tl.load(beta_ptr + channel, mask=col_ok, other=0.0).to(tl.float32)[None, :], FAST_SIN)
+                         tl.load(beta_ptr + channel, mask=col_ok, other=0.0).to(tl.float32)[None, :], FAST_SIN)
     rows = t[:, None].to(tl.int64) * P + (n // COUT)[None, :]
     ok = row_ok[:, None] & col_ok[None, :]
     if RESIDUAL:

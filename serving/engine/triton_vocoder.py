@@ -22,13 +22,13 @@ import triton
 import triton.language as tl
 
 from serving.engine.triton_conv import FAST_SIN, conv_matrix, snake_beta, transposed_matrix, window_product
-from serving.model.codec_decoder import CausalConv1d, CausalConvTranspose1d, SnakeBeta
+from serving.model.codec_decoder import CausalConv1d, CausalConvTranspose1d, SnakeBeta, channels_innermost
 
 
 def _tiles(x_bcl: torch.Tensor) -> tuple[int, int]:
     """(BLOCK_C, BLOCK_L) of a program: long along whichever axis is contiguous, so its loads coalesce."""
     c, length = x_bcl.shape[1:]
-    if x_bcl.stride(1) == 1 and c > 1:  # channels innermost
+    if channels_innermost(x_bcl):
         block_c = min(128, triton.next_power_of_2(c))
         return block_c, max(1, 4096 // block_c)
     return 1 if length >= 1024 else 4, min(1024, triton.next_power_of_2(max(length, 16)))

@@ -33,6 +33,11 @@ from serving.model.codec_config import CodecDecoderConfig
 from serving.model.layers import RMSNorm, rotate_half
 
 
+def channels_innermost(x_bcl: torch.Tensor) -> bool:
+    """Whether a (B, C, L) tensor is laid out (B, L, C), as the engine's window products write activations."""
+    return x_bcl.stride(1) == 1 and x_bcl.shape[1] > 1
+
+
 class Frames:
     """The time axis of one forward at `rate` samples per frame, as its convolutions and attention see it.
 
@@ -61,7 +66,7 @@ class Frames:
         if n == 0:
             return x_bcl if act is None else act(x_bcl)
         b, c, length = x_bcl.shape
-        if x_bcl.stride(1) == 1 and c > 1:  # channels innermost, as the engine's window products write them
+        if channels_innermost(x_bcl):
             full = x_bcl.new_empty((b, n + length, c)).transpose(1, 2)
         else:
             full = x_bcl.new_empty((b, c, n + length))
