@@ -69,17 +69,10 @@ def _pdl_wait(PDL: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(acc, a, w, DOT: tl.constexpr, DOT_F32: tl.constexpr, SWAP: tl.constexpr = False):
-    """acc [M, N] + a [M, K] @ w [N, K]^T in float32: by tl.dot (DOT), else by multiply-adds per element.
-    SWAP: acc is [N, M] and gains w @ a^T (the weight's rows fill the MMA's tall side: Hopper's warpgroup MMA
-    wants 64 there, and a few input rows never make 64)."""
+def _accumulate(acc, a, w, DOT: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc [M, N] + a [M, K] @ w [N, K]^T in float32: by tl.dot (DOT), else by multiply-adds per element."""
     if DOT:
-        if SWAP:
-            if DOT_F32:
-                acc = tl.dot(w.to(tl.float32), tl.trans(a).to(tl.float32), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(w, tl.trans(a), acc, input_precision="ieee")
-        elif DOT_F32:
+        if DOT_F32:
             acc = tl.dot(a.to(tl.float32), tl.trans(w).to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
@@ -91,12 +84,12 @@ def _accumulate(acc, a, w, DOT: tl.constexpr, DOT_F32: tl.constexpr, SWAP: tl.co
 @triton.jit
 def _norm_matmul_kernel(x_ptr, sxm, norm_ptr, w_ptr, out_ptr, M, K: tl.constexpr, N, eps, GATED: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
-                        DOT_F32: tl.constexpr, PDL: tl.constexpr, SWAP: tl.constexpr = False):
+                        DOT_F32: tl.constexpr, PDL: tl.constexpr):
     """out[:, n] = RMSNorm(x) @ w[n]^T; GATED: w holds gate rows [0, N) then up rows [N, 2N) and
     out = SiLU(gate) * up. The rows' 1 / RMS is a per-row factor of the product, so it is summed in the same
     pass over x and applied to the sums (no prologue pass, whose loads would wait one after another).
     DOT: the products by tl.dot (16-row tiles); else as float32 multiply-adds per element (a few rows: no tile
-    of 16 rows through shared memory). PDL: _pdl_wait. SWAP: as in _accumulate."""
+    of 16 rows through shared memory). PDL: _pdl_wait."""
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -104,11 +97,8 @@ def _norm_matmul_kernel(x_ptr, sxm, norm_ptr, w_ptr, out_ptr, M, K: tl.constexpr
     _pdl_wait(PDL)
     dt = out_ptr.dtype.element_ty
     sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if SWAP:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros_like(acc)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
@@ -118,13 +108,9 @@ def _norm_matmul_kernel(x_ptr, sxm, norm_ptr, w_ptr, out_ptr, M, K: tl.constexpr
         a = (x * tl.load(norm_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(dt)
         at = cols[:, None] * K + k[None, :]
         ok = col_ok[:, None] & k_ok[None, :]
-        acc = _accumulate(acc, a, tl.load(w_ptr + at, mask=ok, other=0.0).to(dt), DOT, DOT_F32, SWAP)
+        acc = _accumulate(acc, a, tl.load(w_ptr + at, mask=ok, other=0.0).to(dt), DOT, DOT_F32)
         if GATED:
-            acc_up = _accumulate(acc_up, a, tl.load(w_ptr + N * K + at, mask=ok, other=0.0).to(dt), DOT, DOT_F32,
-                                 SWAP)
-    if SWAP:
-        acc = tl.trans(acc)
-        acc_up = tl.trans(acc_up)
+            acc_up = _accumulate(acc_up, a, tl.load(w_ptr + N * K + at, mask=ok, other=0.0).to(dt), DOT, DOT_F32)
     rstd = tl.rsqrt(sq / K + eps)[:, None]
     out = (acc * rstd).to(dt)
     if GATED:
@@ -136,27 +122,22 @@ def _norm_matmul_kernel(x_ptr, sxm, norm_ptr, w_ptr, out_ptr, M, K: tl.constexpr
 @triton.jit
 def _matmul_residual_kernel(x_ptr, w_ptr, res_ptr, out_ptr, M, K: tl.constexpr, N,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
-                            DOT_F32: tl.constexpr, PDL: tl.constexpr, SWAP: tl.constexpr = False):
-    """out = res + x @ w^T (the product rounded to the model dtype first, as a module's output is); DOT, PDL and
-    SWAP as in _norm_matmul_kernel."""
+                            DOT_F32: tl.constexpr, PDL: tl.constexpr):
+    """out = res + x @ w^T (the product rounded to the model dtype first, as a module's output is); DOT and PDL
+    as in _norm_matmul_kernel."""
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     _pdl_wait(PDL)
     dt = out_ptr.dtype.element_ty
-    if SWAP:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
         x = tl.load(x_ptr + rows[:, None] * K + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(dt)
         w = tl.load(w_ptr + cols[:, None] * K + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0).to(dt)
-        acc = _accumulate(acc, x, w, DOT, DOT_F32, SWAP)
-    if SWAP:
-        acc = tl.trans(acc)
+        acc = _accumulate(acc, x, w, DOT, DOT_F32)
     ok = row_ok[:, None] & col_ok[None, :]
     res = tl.load(res_ptr + rows[:, None] * N + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows[:, None] * N + cols[None, :], (acc.to(dt).to(tl.float32) + res).to(dt), mask=ok)
