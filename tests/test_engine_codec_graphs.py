@@ -75,8 +75,6 @@ def test_batch_buckets_default_ladder_flag_and_bad_sizes():
         EngineConfig(model="x", codec_graph_batches=(128,))
     with pytest.raises(ValueError, match="codec_graph_memory_gb"):
         EngineConfig(model="x", codec_graph_memory_gb=-1)
-    with pytest.raises(ValueError, match="codec_urgent_frames must be at least 1"):
-        EngineConfig(model="x", codec_urgent_frames=0)
 
 
 def test_loader_captures_codec_graphs_only_on_cuda_without_enforce_eager():

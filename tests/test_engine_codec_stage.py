@@ -100,14 +100,12 @@ def test_codec_calls_serve_the_earliest_deadlines_first():
 
 def test_a_call_for_audio_needed_soon_stays_small():
     """First chunks of a burst share calls up to the row limit (2 frames each); 25-frame chunks needed soon go
-    URGENT_CALL_FRAMES / 25 at a time (or the server's --codec-urgent-frames / 25), and a first chunk's call does
-    not wait for a steady chunk's 25 frames."""
+    URGENT_CALL_FRAMES / 25 at a time, and a first chunk's call does not wait for a steady chunk's 25 frames."""
     firsts = [waiting(1.0, frames=2) for _ in range(127)]
     assert next_batch(firsts, 64, lambda s: s, 1.0, 0.1, others=1) == (firsts[:64], None)
     low = [waiting(1.0, 1.1) for _ in range(40)]  # 0.1 s of audio left
     batch, _ = next_batch(low, 64, lambda s: s, 1.0, 0.1, others=1)
     assert batch == low[: URGENT_CALL_FRAMES // 25]
-    assert next_batch(low, 64, lambda s: s, 1.0, 0.1, others=1, urgent_frames=800)[0] == low[:32]
     mixed = firsts[:10] + [waiting(1.0, 1.15)] + firsts[10:20]
     # the 25-frame row sorts last, left out
     assert next_batch(mixed, 64, lambda s: s, 1.0, 0.1, others=1)[0] == firsts[:20]

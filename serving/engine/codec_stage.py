@@ -106,7 +106,7 @@ class CodecStream:
 
 
 WARM_PRIME_FRAMES = 128  # longest reference whose priming shapes warmup meets (longer: at first use)
-URGENT_CALL_FRAMES = 400  # default most rows x frames of a call that carries audio needed soon: 16 steady chunks
+URGENT_CALL_FRAMES = 400  # most rows x frames of a call that carries audio needed soon: 16 steady chunks, ~16 ms on an H100
 
 
 def needed_by(stream: CodecStream, wait: float) -> float:
@@ -116,12 +116,12 @@ def needed_by(stream: CodecStream, wait: float) -> float:
 
 
 def next_batch(ready: list[T], limit: int, codec: Callable[[T], CodecStream], now: float,
-               wait: float, others: int, urgent_frames: int = URGENT_CALL_FRAMES) -> tuple[list[T], float | None]:
+               wait: float, others: int) -> tuple[list[T], float | None]:
     """The next codec call's rows (ordered by when each is needed, ties in their order), or none yet and when
     to look again.
 
     When the first is needed within 2 x `wait` (a first chunk, a final one, a listener low on audio) the call
-    goes now, with as many rows in that order as keep it quick: at most `urgent_frames` rows x frames. Other
+    goes now, with as many rows in that order as keep it quick: at most URGENT_CALL_FRAMES rows x frames. Other
     chunks wait to share a call, which decodes more frames per ms (on an H100, 1 x 25 frames 0.15 ms per frame,
     16 x 25 0.04, 64 x 25 0.03: docs/performance.md), until `limit` are ready, the oldest has waited `wait`, or
     no other stream could join (`others`: streams in the codec stage whose next chunk is not ready); that call
@@ -135,7 +135,7 @@ def next_batch(ready: list[T], limit: int, codec: Callable[[T], CodecStream], no
         batch, frames = [], 0
         for item in order:
             frames = max(frames, codec(item).next_chunk_len())
-            if batch and (len(batch) + 1) * frames > urgent_frames:
+            if batch and (len(batch) + 1) * frames > URGENT_CALL_FRAMES:
                 break
             batch.append(item)
         return batch, None

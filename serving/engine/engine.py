@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from serving.engine.codec_graphs import CodecGraphReport
-from serving.engine.codec_stage import URGENT_CALL_FRAMES, CodecStream, next_batch
+from serving.engine.codec_stage import CodecStream, next_batch
 from serving.engine.request import GenerationRequest
 from serving.engine.scheduler import QueueFullError, Scheduler
 from serving.model.config import SAMPLE_RATE, GenerationDefaults
@@ -91,7 +91,6 @@ class EngineConfig:
     left_context_frames: int = 72  # voice clone: last reference frames that prime the codec's state (all: exact)
     max_codec_batch: int = 64
     codec_batch_wait_ms: float = 100.0  # most a chunk whose listener has audio in hand waits to share a codec call
-    codec_urgent_frames: int = URGENT_CALL_FRAMES  # most rows x frames of a call that carries audio needed soon (codec_stage.next_batch)
     enforce_eager: bool = False  # no CUDA graphs (a CPU never uses them)
     compile: bool | None = None  # torch.compile the talker layers; None: with graphs
     max_graph_batch: int = 128  # largest batch bucket with captured graphs; bigger steps run eagerly
@@ -102,8 +101,7 @@ class EngineConfig:
     codec_graph_memory_gb: float | None = None  # most memory codec graphs may take (None: no limit)
 
     def __post_init__(self):
-        for name in ("max_batch_size", "chunk_frames", "first_chunk_frames", "max_model_len", "max_codec_batch",
-                     "codec_urgent_frames"):
+        for name in ("max_batch_size", "chunk_frames", "first_chunk_frames", "max_model_len", "max_codec_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_queue < 0 or self.left_context_frames < 0 or self.codec_batch_wait_ms < 0:
@@ -557,8 +555,7 @@ class Engine:
             t0 = time.monotonic()
             batch, retry_at = next_batch(ready, self.config.max_codec_batch, lambda s: s.codec, t0,
                                          self.config.codec_batch_wait_ms / 1000,
-                                         others=len(self._codec_streams) - len(ready),
-                                         urgent_frames=self.config.codec_urgent_frames)
+                                         others=len(self._codec_streams) - len(ready))
             if not batch:
                 self._wake_codec.clear()
                 try:  # new frames (every talker step) or the time the waiting chunks must go
