@@ -1,12 +1,12 @@
 """Where a served frame's time goes, stage by stage, in one process on one GPU (no HTTP).
 
-    python benchmarks/stage_timing.py --model DIR [--json OUT.json] [--priorities -1,0]
+    python benchmarks/stage_timing.py --model DIR [--json OUT.json]
 
 Times, on a random checkpoint (--load-format dummy): the batched prefill of new requests (short and long
 texts, 1 to 128 at once); the codec stage's decode call by chunk size and batch; the talker's decode step
 alone and while the codec thread decodes at the same time (both stages share the GPU and the Python
-interpreter), and the codec call while the talker steps, under each talker stream priority asked for; then
-both looping at once for a few seconds, as at full load: steps and calls per second, and their work rate against
+interpreter), and the codec call while the talker steps (the talker's stream and graphs at the priority the stack
+gives them: its kernels' blocks go first, TalkerRunner); then both looping at once for a few seconds, as at full load: steps and calls per second, and their work rate against
 each one's stand-alone rate. These are the terms of the first-audio latency (prefill + first_chunk_frames steps
 + one codec call) and of the served throughput (steps/s vs codec calls/s).
 """
@@ -48,17 +48,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--json")
-    ap.add_argument("--priorities", default="0",
-                    help="talker stream priorities to compare side by side with the codec, e.g. -1,0 (lower goes "
-                         "first; the codec's stream has 0, as the talker's in the stack)")
     args = ap.parse_args()
 
     from serving.engine.codec_stage import CodecChunk
     from serving.engine.engine import EngineConfig
     from serving.engine.loader import load_stages
     from serving.engine.request import GenerationRequest
-
-    priorities = [int(p) for p in args.priorities.split(",")]
 
     config = EngineConfig(model=args.model, load_format="dummy", max_batch_size=128, max_model_len=1024,
                           ignore_eos=True)
@@ -161,29 +156,24 @@ def main() -> None:
             stop.set()
             thread.join()
 
-    # The two stages side by side, under each talker stream priority asked for (the codec's stream has priority
-    # 0): whether the GPU's block scheduler taking the talker's kernels first shortens its steps
-    # beside the codec, and what it costs the codec's calls.
-    contended = {}
-    for priority in priorities:
-        torch.cuda.synchronize()
-        runner.stream = torch.cuda.Stream(runner.device, priority=priority)
-        cells = {}
-        for b in (1, 32, 128):
-            release_all()
-            runner.prefill_many([(i, request(SHORT)) for i in range(b)])
-            cells[f"talker b{b} alone"] = round(ms(lambda: runner.decode_step(b), 20), 2)
-            cells[f"talker b{b}, codec b16x25 calls beside"] = beside(
-                codec_calls, lambda: round(ms(lambda: runner.decode_step(b), 20, device_sync=False), 2))
-            release_all()
-            runner.prefill_many([(i, request(SHORT)) for i in range(b)])
-            for batch, frames in ((1, 25), (16, 25)):
-                cells[f"codec b{batch}x{frames}, talker b{b} stepping beside"] = beside(
-                    lambda stop: talker_steps(b, stop), lambda: codec_call_ms(batch, frames, device_sync=False))
-            cells[f"together: talker b{b} and codec b16x25 looping"] = together(
-                b, cells[f"talker b{b} alone"], codec_ms["b16 x25 frames"])
-        contended[f"talker stream priority {priority}"] = cells
-        print(f"talker stream priority {priority} (codec's: 0):", cells, flush=True)
+    # The two stages side by side. A replayed graph's kernels keep the priority of their capture stream, so the
+    # talker's priority is the one TalkerRunner captured with (switching runner.stream here would change none).
+    cells = {}
+    for b in (1, 32, 128):
+        release_all()
+        runner.prefill_many([(i, request(SHORT)) for i in range(b)])
+        cells[f"talker b{b} alone"] = round(ms(lambda: runner.decode_step(b), 20), 2)
+        cells[f"talker b{b}, codec b16x25 calls beside"] = beside(
+            codec_calls, lambda: round(ms(lambda: runner.decode_step(b), 20, device_sync=False), 2))
+        release_all()
+        runner.prefill_many([(i, request(SHORT)) for i in range(b)])
+        for batch, frames in ((1, 25), (16, 25)):
+            cells[f"codec b{batch}x{frames}, talker b{b} stepping beside"] = beside(
+                lambda stop: talker_steps(b, stop), lambda: codec_call_ms(batch, frames, device_sync=False))
+        cells[f"together: talker b{b} and codec b16x25 looping"] = together(
+            b, cells[f"talker b{b} alone"], codec_ms["b16 x25 frames"])
+    contended = {"talker priority": runner.priority, **cells}
+    print(f"talker priority {runner.priority} (codec's: 0):", cells, flush=True)
     out["contended_ms"] = contended
     out["stream_priority_range"] = list(torch.cuda.Stream.priority_range())
     if args.json:

@@ -5,12 +5,15 @@ CUDA graphs cannot be captured here, so a stand-in replays by running the very s
 would capture, eagerly: the codes it gives must equal the plain eager step's exactly.
 """
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
 
 from serving.engine.checkpoint import resolve_model
-from serving.engine.cuda_graphs import FrameGraphs, make_graph_buckets, make_kv_buckets, smallest_cover
+from serving.engine.cuda_graphs import (FrameGraphs, greatest_priority, make_graph_buckets, make_kv_buckets,
+                                       smallest_cover)
 from serving.engine.engine import EngineConfig
 from serving.engine.length_policy import frame_limit, speech_seconds, text_frames
 from serving.engine.loader import load_stages
@@ -87,6 +90,54 @@ def test_bucket_ladders_cover_every_size_with_little_padding():
     assert smallest_cover(300, (128, 256)) is None
     with pytest.raises(ValueError):
         make_kv_buckets(0)
+
+
+def test_a_graph_is_warmed_and_captured_on_a_stream_of_its_priority(monkeypatch):
+    """PyTorch instantiates graphs with cudaGraphInstantiateFlagUseNodePriority: a replayed kernel keeps its capture
+    stream's priority, whatever stream replays it. So FrameGraphs captures on its own stream of `priority` (the
+    talker's: the most urgent), never on torch.cuda.graph's default capture stream (priority 0). CUDA's calls are
+    stood in for: the test checks which stream each part ran on."""
+    class Stream:
+        made = []
+
+        def __init__(self, device=None, priority=0):
+            self.priority = priority
+            Stream.made.append(self)
+
+        def wait_stream(self, other):
+            pass
+
+    current = [Stream()]
+    ran_on, captured_on = [], []
+
+    @contextlib.contextmanager
+    def on(stream):
+        current.append(stream)
+        yield
+        current.pop()
+
+    @contextlib.contextmanager
+    def graph(cuda_graph, pool=None, stream=None):
+        captured_on.append(stream)
+        with on(stream if stream is not None else Stream()):
+            yield
+
+    class Graph:
+        def pool(self):
+            return "pool"
+
+    for name, value in (("Stream", Stream), ("stream", on), ("graph", graph), ("CUDAGraph", Graph),
+                        ("current_stream", lambda device=None: current[-1]), ("memory_reserved", lambda d=None: 0),
+                        ("synchronize", lambda d=None: None)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(Stream, "priority_range", staticmethod(lambda: (0, -3)), raising=False)
+    assert greatest_priority() == -3
+    graphs = FrameGraphs(lambda b, kv: ran_on.append(current[-1]) or (torch.zeros(b),), torch.device("cpu"), -3)
+    graphs.capture(2, 8)
+    graphs.capture(4, 8)
+    side = [s for s in Stream.made if s.priority == -3]
+    assert len(side) == 1 and ran_on == side * 4 and captured_on == side * 2
+    assert graphs.covers(4, 8) and graphs.pool == "pool"
 
 
 def test_graph_path_pads_to_a_larger_batch_and_kv_bucket_with_identical_codes(runner):

@@ -85,32 +85,42 @@ def smallest_cover(value: int, buckets: tuple[int, ...]) -> int | None:
 Step = Callable[[int, int], tuple[torch.Tensor, ...]]
 
 
-class FrameGraphs:
-    """Captured frames keyed by (batch, kv_len); `step(batch, kv_len)` returns the frame's output tensors."""
+def greatest_priority() -> int:
+    """The most urgent CUDA stream priority (lower numbers go first)."""
+    return torch.cuda.Stream.priority_range()[1]
 
-    def __init__(self, step: Step, device: torch.device):
+
+class FrameGraphs:
+    """Captured frames keyed by (batch, kv_len); `step(batch, kv_len)` returns the frame's output tensors.
+
+    A replayed graph's kernels keep the priority of the stream they were captured on (PyTorch instantiates with
+    cudaGraphInstantiateFlagUseNodePriority), whatever stream replays them: `priority` is that capture stream's.
+    """
+
+    def __init__(self, step: Step, device: torch.device, priority: int = 0):
         self.step = step
         self.device = device
+        self.priority = priority
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self.pool = None
         self.memory_bytes = 0  # device memory the graphs' private pool took
         self._side: torch.cuda.Stream | None = None  # made at the first capture: CPU tests build FrameGraphs too
 
     def capture(self, batch: int, kv_len: int) -> None:
-        """Run the step once on a side stream (lazy initialisation, compilation), then capture it.
+        """Run the step once on a side stream (lazy initialisation, compilation), then capture it on that stream.
 
         One side stream serves every capture: cuBLAS keeps a workspace (32 MiB on Hopper) per stream it meets, so
         a new stream per capture left ~34 MiB behind most of the codec's graphs (docs/performance.md)."""
         before = torch.cuda.memory_reserved(self.device)
         if self._side is None:
-            self._side = torch.cuda.Stream(self.device)
+            self._side = torch.cuda.Stream(self.device, priority=self.priority)
         side = self._side
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             self.step(batch, kv_len)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=self.pool, stream=side):
             out = self.step(batch, kv_len)
         if self.pool is None:
             self.pool = graph.pool()
@@ -154,7 +164,8 @@ class PrefillGraphs:
     prompts no bucket holds.
     """
 
-    def __init__(self, stack, kv, shapes: tuple[tuple[int, int], ...], device: torch.device, dtype: torch.dtype):
+    def __init__(self, stack, kv, shapes: tuple[tuple[int, int], ...], device: torch.device, dtype: torch.dtype,
+                 priority: int = 0):
         self.stack = stack  # the talker's DecoderStack
         self.kv = kv  # the engine's KVCache: [layers, slots, heads, max_len, head_dim]
         self.shapes = tuple(sorted(shapes, key=lambda s: (s[0] * s[1], s[0])))  # cheapest first
@@ -164,7 +175,7 @@ class PrefillGraphs:
         most = max(r for r, _ in shapes)
         self.rows = torch.zeros(most, 1, dtype=torch.int64, device=device)  # the slots of a run
         self.last = torch.zeros(most, dtype=torch.int64, device=device)  # each prompt's last position
-        self.graphs = FrameGraphs(self._pass, device) if device.type == "cuda" else None
+        self.graphs = FrameGraphs(self._pass, device, priority) if device.type == "cuda" else None
 
     def _inputs(self, rows: int, length: int) -> torch.Tensor:
         """The bucket's input [rows, length, H]: a contiguous view of the one buffer every bucket shares."""

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from serving.engine.cuda_graphs import (CacheView, FrameGraphs, PrefillGraphs, make_graph_buckets, make_kv_buckets,
-                                       prefill_shapes, sleep_until, smallest_cover, wait_sleeping)
+from serving.engine.cuda_graphs import (CacheView, FrameGraphs, PrefillGraphs, greatest_priority, make_graph_buckets,
+                                       make_kv_buckets, prefill_shapes, sleep_until, smallest_cover, wait_sleeping)
 from serving.engine.length_policy import frame_limit
 from serving.engine.lru import LRU
 from serving.engine.request import GenerationRequest
@@ -154,9 +154,13 @@ class TalkerRunner:
         if cuda_graphs and device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         self.graph_buckets = make_graph_buckets(num_slots, max_graph_batch) if cuda_graphs else ()
-        self.graphs = FrameGraphs(lambda b, kv: self._step(b, kv, True), device) if cuda_graphs else None
-        # the talker's own CUDA stream: its frames never queue behind the codec's kernels on the default stream
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # The talker's own CUDA stream, at the most urgent priority, as are its graphs' captures: its frames never
+        # queue behind the codec's kernels on the default stream, and where both stages have blocks waiting for
+        # SMs, the talker's go first (a frame is ~1,000 small dependent kernels; a codec call, whose listeners have
+        # audio in hand, fills the SMs they leave idle)
+        self.priority = greatest_priority() if device.type == "cuda" else 0
+        self.graphs = FrameGraphs(lambda b, kv: self._step(b, kv, True), device, self.priority) if cuda_graphs else None
+        self.stream = torch.cuda.Stream(device, priority=self.priority) if device.type == "cuda" else None
         if self.stream is not None:  # pinned landing buffers for the codes of two outstanding steps (launch)
             self._buffers = [_HostBuffer(s, self.num_groups) for _ in range(2)]
             self._next_buffer = 0
@@ -167,7 +171,7 @@ class TalkerRunner:
         prefill_lengths = make_kv_buckets(min(max_model_len, PREFILL_GRAPH_MAX_LEN), 32)
         self.prefill_graphs = PrefillGraphs(self.talker.model, self.kv,
                                             prefill_shapes(prefill_lengths, num_slots, PREFILL_TOKEN_BUDGET), device,
-                                            dtype) if cuda_graphs else None
+                                            dtype, self.priority) if cuda_graphs else None
         self.pad_embed = self.prompts.tts_pad_embed().to(device=device, dtype=dtype)  # [H]
         self.lengths = [0] * s  # host mirror of self.pos: how far each slot's keys reach, without a sync
         self._voice_cache = LRU(voice_cache_size)
