@@ -18,6 +18,7 @@ import argparse
 import statistics
 
 import torch
+from graph_timing import captured_on
 
 
 def main() -> None:
@@ -45,16 +46,7 @@ def main() -> None:
             h = torch.tanh(h @ w)
         return h
 
-    graphs = {}
-    for captured in (0, urgent):
-        side = torch.cuda.Stream(dev, priority=captured)
-        with torch.cuda.stream(side):
-            frame()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side):
-            frame()
-        graphs[captured] = graph
+    graphs = {captured: captured_on(torch.cuda.Stream(dev, priority=captured), frame) for captured in (0, urgent)}
 
     def timed(graph, replay_priority: int, beside=None) -> float:
         stream = torch.cuda.Stream(dev, priority=replay_priority)

@@ -25,3 +25,17 @@ def us_per_call(call: Callable[[int], object], calls: int, replays: int = 50) ->
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1e3 / replays / calls
+
+
+def captured_on(stream: torch.cuda.Stream, call: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """call() run once on `stream` (lazy initialisation), then captured on it: the graph's kernels keep that
+    stream's priority whatever stream replays them (PyTorch instantiates graphs with
+    cudaGraphInstantiateFlagUseNodePriority)."""
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        call()
+    torch.cuda.synchronize()
+    return graph

@@ -21,6 +21,7 @@ import threading
 import time
 
 import torch
+from graph_timing import captured_on
 
 
 def median_ms(fn, reps: int) -> float:
@@ -57,13 +58,7 @@ def main() -> None:
         return y
 
     talker = torch.cuda.Stream(priority=-1)
-    with torch.cuda.stream(talker):
-        chain()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=talker):
-        chain()
-    torch.cuda.synchronize()
+    graph = captured_on(talker, chain)
 
     def talker_step():
         with torch.cuda.stream(talker):

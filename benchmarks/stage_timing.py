@@ -5,9 +5,9 @@
 Times, on a random checkpoint (--load-format dummy): the batched prefill of new requests (short and long
 texts, 1 to 128 at once); the codec stage's decode call by chunk size and batch; the talker's decode step
 alone and while the codec thread decodes at the same time (both stages share the GPU and the Python
-interpreter), and the codec call while the talker steps (the talker's stream and graphs at the priority the stack
-gives them: its kernels' blocks go first, TalkerRunner); then both looping at once for a few seconds, as at full load: steps and calls per second, and their work rate against
-each one's stand-alone rate. These are the terms of the first-audio latency (prefill + first_chunk_frames steps
+interpreter), and the codec call while the talker steps (the talker's stream and graphs at the priority the
+stack gives them, TalkerRunner); then both looping at once for a few seconds, as at full load: steps and calls
+per second, and their work rate against each one's stand-alone rate. These are the terms of the first-audio latency (prefill + first_chunk_frames steps
 + one codec call) and of the served throughput (steps/s vs codec calls/s).
 """
 
