@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from serving.model.codec_config import released_codec_config, tiny_codec_config
-from serving.model.codec_decoder import CodecDecoder, init_random_
-from serving.model.codec_stream import PRIME_FRAMES, PRIME_ROWS, IncrementalCodecDecoder
+from serving.model.codec_decoder import CausalConv1d, CodecDecoder, init_random_
+from serving.model.codec_stream import PRIME_FRAMES, PRIME_ROWS, IncrementalCodecDecoder, StreamStep
 
 Q = 16
 TOL = 1e-4
@@ -165,9 +165,9 @@ def test_a_restarted_slot_forgets_its_previous_stream(small_window):
 
 
 def test_snapshots_restored_into_several_slots_at_once(small_window):
-    """restore() writes each slot its own snapshot in one indexed copy per buffer (a first wave of clones restores
-    dozens of slots in one codec call); the other slots keep their state, and each restored stream continues as
-    its snapshot's would have."""
+    """restore() writes each slot its own snapshot in one indexed copy (a first wave of clones restores dozens of
+    slots in one codec call); the other slots keep their state, and each restored stream continues as its
+    snapshot's would have."""
     pool = IncrementalCodecDecoder(small_window, num_slots=6)
     for slot, seed in ((0, 1), (1, 2), (5, 3)):
         stream(pool, slot, codes(9 + slot, seed), [4])
@@ -188,6 +188,26 @@ def test_step_traces_as_one_graph_without_host_syncs(small_window):
     args = (torch.tensor([0, pool.scratch_slot]), torch.tensor([4, 0]), torch.tensor([True, True]))
     wav = compiled(torch.stack([c[:4].repeat(3, 1), c[:12]]), *args)[0, : 4 * small_window.samples_per_frame]
     assert max_dev(wav, one_shot(small_window, c[:4])) < TOL
+
+
+def test_a_step_reads_and_writes_the_pool_once_and_each_layer_sees_its_own_slice(small_window):
+    """A slot's state is one row of the pool: each layer's part a slice of it (conv_state / kv_state are views), in
+    traversal order, so a step gathers its rows once and commits one contiguous run; a step whose updates left a
+    gap would misplace state, and says so."""
+    pool = IncrementalCodecDecoder(small_window, num_slots=3)
+    offsets = [offset for offset, _ in pool.slices.values()]
+    assert offsets == sorted(offsets) and pool.state.shape == (4, pool.width)
+    for key, (offset, shape) in pool.slices.items():
+        view = pool.conv_state[key] if not isinstance(key, tuple) else pool.kv_state[key[0]][key[1] == "v"]
+        assert view.shape[1:] == shape and view.data_ptr() == pool.state[:, offset:].data_ptr()
+    step = StreamStep(pool, torch.tensor([0, 1]), torch.tensor([2, 2]), torch.tensor([True, True]))
+    convs = list(pool.conv_state)
+    full = torch.ones(2, convs[-1].conv.in_channels, 10)
+    for module in (convs[0], convs[-1]):  # the first layer and the last: a gap between them
+        step.filled(module, full if module is convs[-1] else torch.ones(2, module.conv.in_channels, 10),
+                    module.left_pad if isinstance(module, CausalConv1d) else module.history)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        step.commit()
 
 
 def test_state_size_of_the_released_codec():

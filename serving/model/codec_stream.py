@@ -65,19 +65,26 @@ def chunk_plan(num_frames: int, first_chunk_frames: int, chunk_frames: int) -> l
     return sizes
 
 
-def _tail(full: torch.Tensor, end_b: torch.Tensor, length: int, dim: int) -> torch.Tensor:
-    """The `length` entries of each row of `full` along `dim` that end at full-index end_b + length (exclusive):
-    with full = [state | new inputs], end_b = a row's new inputs, this is the state after them."""
+def _tail(full: torch.Tensor, end_b: torch.Tensor, steps: torch.Tensor, dim: int) -> torch.Tensor:
+    """The len(steps) entries of each row of `full` along `dim` that end at full-index end_b + len(steps)
+    (exclusive), steps = arange(len(steps)): with full = [state | new inputs], end_b = a row's new inputs, this
+    is the state after them."""
+    length = len(steps)
     shape = [1] * full.dim()
     shape[0], shape[dim] = -1, length
-    index = end_b.view(-1, *[1] * (full.dim() - 1)) + torch.arange(length, device=full.device).view(shape)
+    index = end_b.view(-1, *[1] * (full.dim() - 1)) + steps.view(shape)
     target = list(full.shape)
     target[dim] = length
     return full.gather(dim, index.expand(target))
 
 
 class StreamStep(Frames):
-    """The streaming view of one step's rows: their carried state in, their new state recorded for commit()."""
+    """The streaming view of one step's rows: their carried state in, their new state recorded for commit().
+
+    The rows' whole state is gathered from the pool in one indexed read (and zeroed where a row starts), and
+    each layer takes its part as a view; their new state goes back in one concatenation and one indexed write.
+    Per layer that was an indexed read, a zero-filled scalar, a select, an index range and an indexed write, of
+    the ~900 small kernels of a codec call on an H100 (docs/performance.md)."""
 
     def __init__(self, pool: "IncrementalCodecDecoder", slots_b: torch.Tensor, new_frames_b: torch.Tensor,
                  first_b: torch.Tensor):
@@ -87,27 +94,32 @@ class StreamStep(Frames):
         self.new_frames_b = new_frames_b
         self.first_b = first_b
         self.past_frames = pool.cache_frames
-        self.updates: dict[torch.Tensor, torch.Tensor] = {}  # shared by the views at every rate
+        # shared by the views at every rate (upsampled() copies): the rows' carried state (B, pool.width), each
+        # layer's new state by its offset in it, and the rows' new count of real carried frames (the transformer's)
+        self._rows = pool.state.index_select(0, slots_b).masked_fill_(first_b[:, None], 0)
+        self.updates: dict[int, torch.Tensor] = {}
+        self.history_update: list[torch.Tensor] = []
 
-    def _carried(self, buffer: torch.Tensor) -> torch.Tensor:
-        rows = buffer.index_select(0, self.slots_b)
-        starts = self.first_b.view(-1, *[1] * (rows.dim() - 1))
-        return torch.where(starts, rows.new_zeros(()), rows)
+    def _carried(self, key) -> torch.Tensor:
+        offset, shape = self.pool.slices[key]
+        return self._rows[:, offset:offset + shape.numel()].view(-1, *shape)
+
+    def _record(self, key, full: torch.Tensor, end_b: torch.Tensor, length: int, dim: int) -> None:
+        self.updates[self.pool.slices[key][0]] = _tail(full, end_b, self.pool.steps[length], dim)
 
     def history(self, module: nn.Module, x_bcl: torch.Tensor, n: int) -> torch.Tensor:
-        return self._carried(self.pool.conv_state[module])
+        return self._carried(module)
 
     def filled(self, module: nn.Module, full: torch.Tensor, n: int) -> torch.Tensor:
         """Records the rows' state after their new inputs, now that `full` holds them."""
-        self.updates[self.pool.conv_state[module]] = _tail(full, self.new_frames_b * self.rate, n, dim=-1)
+        self._record(module, full, self.new_frames_b * self.rate, n, dim=-1)
         return full
 
     def keys_values(self, module: nn.Module, k_bhtd: torch.Tensor, v_bhtd: torch.Tensor):
-        k_buffer, v_buffer = self.pool.kv_state[module]
-        k_all = torch.cat([self._carried(k_buffer), k_bhtd], dim=2)
-        v_all = torch.cat([self._carried(v_buffer), v_bhtd], dim=2)
-        self.updates[k_buffer] = _tail(k_all, self.new_frames_b, self.past_frames, dim=2)
-        self.updates[v_buffer] = _tail(v_all, self.new_frames_b, self.past_frames, dim=2)
+        k_all = torch.cat([self._carried((module, "k")), k_bhtd], dim=2)
+        v_all = torch.cat([self._carried((module, "v")), v_bhtd], dim=2)
+        self._record((module, "k"), k_all, self.new_frames_b, self.past_frames, dim=2)
+        self._record((module, "v"), v_all, self.new_frames_b, self.past_frames, dim=2)
         return k_all, v_all
 
     def attention_mask(self, num_frames: int, window: int, device) -> torch.Tensor:
@@ -118,22 +130,33 @@ class StreamStep(Frames):
         distance_tm = (past + torch.arange(num_frames, device=device))[:, None] - keys[None, :]
         allowed_tm = (distance_tm >= 0) & (distance_tm < window)
         history_b = torch.where(self.first_b, 0, self.pool.history.index_select(0, self.slots_b))
-        self.updates[self.pool.history] = (history_b + self.new_frames_b).clamp(max=past)
+        self.history_update[:] = [(history_b + self.new_frames_b).clamp(max=past)]
         real_bm = keys[None, :] >= past - history_b[:, None]
         return (allowed_tm[None] & real_bm[:, None, :])[:, None]
 
     def commit(self) -> None:
-        """Write the rows' new state into their slots (the scratch slot may appear more than once: it only ever
-        receives zeros, its rows having 0 new frames and a fresh start)."""
-        for buffer, rows in self.updates.items():
-            buffer.index_copy_(0, self.slots_b, rows)
+        """Write the rows' new state into their slots in one indexed copy (the scratch slot may appear more than
+        once: it only ever receives zeros, its rows having 0 new frames and a fresh start). A step updates one
+        contiguous run of the pool's layers, which are laid out in traversal order: all of them, or priming's
+        first half (pre_conv and the transformer) then its second (the vocoder)."""
+        if self.updates:
+            offsets = sorted(self.updates)
+            rows = torch.cat([self.updates[o].reshape(len(self.slots_b), -1) for o in offsets], dim=1)
+            start = offsets[0]
+            if offsets[-1] + self.updates[offsets[-1]][0].numel() - start != rows.shape[1]:  # a gap between them
+                raise RuntimeError("a codec step updated layers that are not one contiguous run of its state")
+            self.pool.state[:, start:start + rows.shape[1]].index_copy_(0, self.slots_b, rows)
+        for counts in self.history_update:
+            self.pool.history.index_copy_(0, self.slots_b, counts)
 
 
 class IncrementalCodecDecoder:
     """A pool of `num_slots` stream states (plus one scratch slot) for one CodecDecoder, on its device and dtype.
 
-    Memory per slot (released codec): 8 layers x 2 x 71 frames x 1024 for keys/values plus ~136k values of
-    convolution state, ~5 MB in fp32 (see state_bytes_per_slot).
+    A slot's state is one row of `state` (slot, width): each layer's part is a slice of it (`slices`: offset and
+    shape by conv module, or (attention module, "k" / "v")), seen as conv_state / kv_state views; `history`
+    counts each slot's real carried frames. Memory per slot (released codec): 8 layers x 2 x 71 frames x 1024
+    for keys/values plus ~136k values of convolution state, ~5 MB in fp32 (see state_bytes_per_slot).
     """
 
     def __init__(self, decoder: CodecDecoder, num_slots: int):
@@ -146,43 +169,50 @@ class IncrementalCodecDecoder:
         self.cache_frames = decoder.config.sliding_window - 1
         param = next(decoder.parameters())
         rows = num_slots + 1
-
-        def zeros(*shape):
-            return torch.zeros((rows, *shape), dtype=param.dtype, device=param.device)
-
-        self.conv_state: dict[nn.Module, torch.Tensor] = {}
-        self.kv_state: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.slices: dict[object, tuple[int, torch.Size]] = {}
         for module in decoder.modules():
             if isinstance(module, CausalConv1d) and module.left_pad:
-                self.conv_state[module] = zeros(module.conv.in_channels, module.left_pad)
+                self._slice(module, module.conv.in_channels, module.left_pad)
             elif isinstance(module, CausalConvTranspose1d) and module.history:
-                self.conv_state[module] = zeros(module.conv.in_channels, module.history)
+                self._slice(module, module.conv.in_channels, module.history)
             elif isinstance(module, Attention):
-                shape = (module.num_kv_heads, self.cache_frames, module.head_dim)
-                self.kv_state[module] = (zeros(*shape), zeros(*shape))
+                for part in ("k", "v"):
+                    self._slice((module, part), module.num_kv_heads, self.cache_frames, module.head_dim)
+        self.width = sum(shape.numel() for _, shape in self.slices.values())
+        self.state = torch.zeros((rows, self.width), dtype=param.dtype, device=param.device)
+        self.conv_state = {key: self._view(key) for key in self.slices if isinstance(key, nn.Module)}
+        self.kv_state = {key[0]: (self._view(key), self._view((key[0], "v"))) for key in self.slices
+                         if isinstance(key, tuple) and key[1] == "k"}
+        # 0..n-1 for each state length n: where a row's new state starts in its inputs (no arange per step)
+        lengths = {shape[1] for _, shape in self.slices.values() if len(shape) == 2} | {self.cache_frames}
+        self.steps = {n: torch.arange(n, device=param.device) for n in lengths}
         # real frames among each slot's carried keys/values: min(frames decoded so far, cache_frames)
         self.history = torch.zeros(rows, dtype=torch.long, device=param.device)
 
+    def _slice(self, key, *shape: int) -> None:
+        offset = sum(s.numel() for _, s in self.slices.values())
+        self.slices[key] = (offset, torch.Size(shape))
+
+    def _view(self, key) -> torch.Tensor:
+        offset, shape = self.slices[key]
+        return self.state[:, offset:offset + shape.numel()].view(-1, *shape)
+
     @property
     def state_bytes_per_slot(self) -> int:
-        return sum(b[0].numel() * b.element_size() for b in self._buffers())
-
-    def _buffers(self) -> list[torch.Tensor]:
-        return (list(self.conv_state.values()) + [b for pair in self.kv_state.values() for b in pair]
-                + [self.history])
+        return self.width * self.state.element_size() + self.history.element_size()
 
     def snapshot(self, slot: int) -> list[torch.Tensor]:
         """A copy of one slot's whole state (what a stream has decoded so far, as far as the future hears it)."""
-        return [b[slot].clone() for b in self._buffers()]
+        return [self.state[slot].clone(), self.history[slot].clone()]
 
     def restore(self, slots: list[int], states: list[list[torch.Tensor]]) -> None:
         """Put snapshots' states into slots (distinct): each then continues exactly as its snapshot's slot would
-        have. One stack and one indexed copy per buffer for all the slots, not a copy per slot and buffer: a first
-        wave's 64-row codec call of clones restores 64 slots of ~60 buffers, ~3,800 launches one by one."""
+        have. One stack and one indexed copy for all the slots (a first wave's 64-row codec call of clones
+        restores 64 slots)."""
         if not slots:
             return
         index = torch.tensor(slots, device=self.history.device)
-        for i, buffer in enumerate(self._buffers()):
+        for i, buffer in enumerate((self.state, self.history)):
             buffer.index_copy_(0, index, torch.stack([state[i] for state in states]))
 
     @torch.inference_mode()
