@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from serving.model.codec_config import released_codec_config, tiny_codec_config
-from serving.model.codec_decoder import CausalConv1d, CodecDecoder, init_random_
+from serving.model.codec_decoder import CodecDecoder, init_random_
 from serving.model.codec_stream import PRIME_FRAMES, PRIME_ROWS, IncrementalCodecDecoder, StreamStep
 
 Q = 16
@@ -202,10 +202,9 @@ def test_a_step_reads_and_writes_the_pool_once_and_each_layer_sees_its_own_slice
         assert view.shape[1:] == shape and view.data_ptr() == pool.state[:, offset:].data_ptr()
     step = StreamStep(pool, torch.tensor([0, 1]), torch.tensor([2, 2]), torch.tensor([True, True]))
     convs = list(pool.conv_state)
-    full = torch.ones(2, convs[-1].conv.in_channels, 10)
     for module in (convs[0], convs[-1]):  # the first layer and the last: a gap between them
-        step.filled(module, full if module is convs[-1] else torch.ones(2, module.conv.in_channels, 10),
-                    module.left_pad if isinstance(module, CausalConv1d) else module.history)
+        channels, n = pool.slices[module][1]
+        step.filled(module, torch.ones(2, channels, 10), n)
     with pytest.raises(RuntimeError, match="contiguous"):
         step.commit()
 

@@ -170,6 +170,7 @@ class IncrementalCodecDecoder:
         param = next(decoder.parameters())
         rows = num_slots + 1
         self.slices: dict[object, tuple[int, torch.Size]] = {}
+        self.width = 0  # of a slot's row, grown by _slice
         for module in decoder.modules():
             if isinstance(module, CausalConv1d) and module.left_pad:
                 self._slice(module, module.conv.in_channels, module.left_pad)
@@ -178,7 +179,6 @@ class IncrementalCodecDecoder:
             elif isinstance(module, Attention):
                 for part in ("k", "v"):
                     self._slice((module, part), module.num_kv_heads, self.cache_frames, module.head_dim)
-        self.width = sum(shape.numel() for _, shape in self.slices.values())
         self.state = torch.zeros((rows, self.width), dtype=param.dtype, device=param.device)
         self.conv_state = {key: self._view(key) for key in self.slices if isinstance(key, nn.Module)}
         self.kv_state = {key[0]: (self._view(key), self._view((key[0], "v"))) for key in self.slices
@@ -190,8 +190,9 @@ class IncrementalCodecDecoder:
         self.history = torch.zeros(rows, dtype=torch.long, device=param.device)
 
     def _slice(self, key, *shape: int) -> None:
-        offset = sum(s.numel() for _, s in self.slices.values())
-        self.slices[key] = (offset, torch.Size(shape))
+        """The next part of a slot's row: `key`'s state of `shape`, after the parts before it."""
+        self.slices[key] = (self.width, torch.Size(shape))
+        self.width += self.slices[key][1].numel()
 
     def _view(self, key) -> torch.Tensor:
         offset, shape = self.slices[key]
