@@ -10,7 +10,7 @@ import torch
 
 from serving.engine.checkpoint import resolve_model
 from serving.engine.cuda_graphs import PrefillGraphs
-from serving.engine.engine import Engine, EngineConfig
+from serving.engine.engine import Engine, EngineConfig, RequestFailed
 from serving.engine.loader import load_stages
 from serving.engine.request import GenerationRequest, SamplingParams
 
@@ -62,6 +62,37 @@ def test_codes_of_a_request_are_the_same_alone_or_in_any_batch_and_slot(stages):
     assert ((alone[0] >= 0) & (alone[0] < 2048)).all()
 
 
+def test_a_moved_request_goes_on_with_the_codes_it_would_have_had_in_place(stages):
+    """Compaction moves a running request to a lower slot between steps: every piece of its state goes with it
+    (caches, history, sampling, trailing text), its old slot is freed, and a request beside it is untouched.
+    The slot it moves into held another request until that one ended, so nothing it left behind may matter."""
+    runner = stages[0]
+    moved = GenerationRequest(task="CustomVoice", text="Streamed in, word by word, as the frames go.",
+                              speaker="ryan", max_new_tokens=8, non_streaming_mode=False,
+                              sampling=SamplingParams(seed=2, temperature=0.7, top_k=9, repetition_penalty=1.5))
+    beside, before = requests()[0], requests()[2]
+    alone = [run_frames(runner, [(0, r)], 6)[0] for r in (moved, beside)]
+    runner.prefill(2, before)
+    runner.decode_step(4), runner.decode_step(4)
+    runner.prefill(3, moved), runner.prefill(1, beside)
+    first = [runner.decode_step(4)[0] for _ in range(3)]
+    runner.release(2)
+    state = lambda slot: [t[slot].clone() for t in (  # noqa: E731
+        runner.hidden, runner.pos, runner.generated, runner.seen, runner.trailing, runner.trailing_len, runner.seed,
+        runner.rep_penalty, *vars(runner.talker_params).values(), *vars(runner.cp_params).values())]
+    written = runner.lengths[3]
+    keys = lambda slot: [c[:, slot, :, :written].clone() for c in (runner.kv.k, runner.kv.v)]  # noqa: E731
+    held = state(3) + keys(3)
+    runner.move([(3, 2)])
+    assert all(torch.equal(a, b) for a, b in zip(held, state(2) + keys(2), strict=True))
+    assert (runner.lengths[3], int(runner.active[3]), int(runner.pos[3])) == (0, 0, 0)
+    assert runner.lengths[2] == int(runner.pos[2]) and int(runner.trailing_len[2]) > 3
+    later = [runner.decode_step(3)[0] for _ in range(3)]
+    runner.release(1), runner.release(2)
+    assert np.array_equal(np.stack([c[3] for c in first] + [c[2] for c in later]), alone[0])
+    assert np.array_equal(np.stack([c[1] for c in first] + [c[1] for c in later]), alone[1])
+
+
 def test_seed_decides_the_codes(stages):
     runner = stages[0]
     req = requests()[0]
@@ -93,7 +124,7 @@ def test_slots_are_set_up_and_freed_without_host_scalar_writes(stages, monkeypat
     """`t[i] = 0` into a CUDA tensor copies the 0 from pageable host memory, which first waits for the stream:
     freeing a finished request's slot that way held the engine's loop until the decode step in flight was done
     (H100, docs/performance.md, eighteenth pass). A CPU has no stream to wait for, so this checks the form:
-    prefill and release write the runner's tensors with kernels (zero_, index_fill_) or device tensors only."""
+    prefill, moves and release write the runner's tensors with kernels (zero_, index_fill_) or device tensors only."""
     runner = stages[0]
     scalar_writes = []
     setitem = torch.Tensor.__setitem__
@@ -110,9 +141,10 @@ def test_slots_are_set_up_and_freed_without_host_scalar_writes(stages, monkeypat
     results = runner.prefill_many([(2, requests()[0]), (3, requests()[1])])
     assert not any(isinstance(r, Exception) for r in results)
     assert [int(runner.active[slot]) for slot in (2, 3)] == [1, 1]
-    runner.release(2), runner.release(3)
+    runner.move([(3, 0)])
+    runner.release(2), runner.release(0)
     assert scalar_writes == []
-    assert [(int(runner.active[slot]), int(runner.pos[slot])) for slot in (2, 3)] == [(0, 0), (0, 0)]
+    assert [(int(runner.active[slot]), int(runner.pos[slot])) for slot in (0, 2, 3)] == [(0, 0)] * 3
 
 
 def test_a_prompt_longer_than_the_slot_is_refused(stages):
@@ -262,6 +294,55 @@ def test_a_step_launched_past_a_requests_end_never_reaches_the_next_request_in_i
     # equal to float32 rounding: on a loaded machine the follower's first chunk can share a codec call with the
     # first request's last one, and a batch's padding changes how sums are blocked (a wrong frame differs by ~0.1)
     assert len(alone) == 5 * 1920 and np.abs(second - alone).max() < 1e-5
+
+
+def _drain(config=CONFIG, move=None):
+    """Three short requests and a long one after them, submitted at once to an engine of 4 slots: as the short
+    ones end, the long one is moved from the last slot to the first. Its audio alone and in the wave, the
+    errors of the others, and the engine's slot moves."""
+    def request(seed, frames):
+        return GenerationRequest(task="CustomVoice", text=f"Request {seed}.", speaker="vivian",
+                                 max_new_tokens=frames, sampling=SamplingParams(seed=seed))
+
+    async def audio(engine, req):
+        try:
+            return np.concatenate([c async for c in await engine.submit(req)])
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            return exc
+
+    async def main():
+        engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), max_queue=4, **config))
+        await engine.start()
+        try:
+            alone = await audio(engine, request(9, 16))
+            if move is not None:
+                engine.runner.move = move
+            wave = await asyncio.gather(*(audio(engine, request(seed, 3)) for seed in (1, 2, 3)),
+                                        audio(engine, request(9, 16)))
+            after = await audio(engine, request(9, 16))
+            return alone, wave, after, engine.stats()["slot_moves_total"]
+        finally:
+            await engine.shutdown()
+
+    return asyncio.run(main())
+
+
+def test_the_last_request_of_a_draining_wave_moves_down_and_its_audio_is_unchanged():
+    alone, wave, after, moves = _drain()
+    assert moves == 1
+    assert all(isinstance(a, np.ndarray) and len(a) == 3 * 1920 for a in wave[:3])
+    assert len(wave[3]) == len(alone) == 16 * 1920 and np.abs(wave[3] - alone).max() < 1e-5
+
+
+def test_a_failed_move_fails_the_moved_request_and_the_engine_goes_on():
+    def broken(moves):
+        raise RuntimeError("device lost")
+
+    alone, wave, after, moves = _drain(move=broken)
+    assert moves == 0
+    assert all(isinstance(a, np.ndarray) and len(a) == 3 * 1920 for a in wave[:3])
+    assert isinstance(wave[3], RequestFailed) and "generation failed" in str(wave[3])
+    assert np.abs(after - alone).max() < 1e-5
 
 
 def test_start_up_admits_a_burst_into_every_slot_and_leaves_them_as_it_found_them(monkeypatch):

@@ -47,6 +47,39 @@ def test_bucket_shrinks_as_high_slots_free():
         s.release(0)
 
 
+def test_compaction_moves_the_rows_above_the_needed_bucket_into_the_lowest_free_slots():
+    """A draining wave leaves its last rows high in the cache; they move down as far as the bucket the running
+    rows need, highest-numbered into lowest free first, and rows that already fit that bucket never move."""
+    s = Scheduler(num_slots=32, max_queue=0)
+    for i in range(32):
+        s.submit(f"r{i}")
+    s.admit()
+    for slot in range(1, 30):
+        if slot not in (5, 17):
+            s.release(slot)
+    assert s.bucket() == 32 and s.num_running == 5  # r0, r5, r17, r30, r31
+    assert s.compact() == [(17, 1), (30, 2), (31, 3)]
+    assert s.running() == [(0, "r0"), (1, "r17"), (2, "r30"), (3, "r31"), (5, "r5")]
+    assert s.bucket() == 8 and s.compact() == []  # 5 rows need the bucket of 8: r5 stays
+    for slot in (0, 1, 2, 5):
+        s.release(slot)
+    assert s.compact() == [(3, 0)] and s.running() == [(0, "r31")] and s.bucket() == 1
+    s.release(0)
+    assert s.compact() == [] and s.bucket() == 0
+
+
+def test_steady_load_moves_nothing():
+    """Rows freed and refilled at the front never trigger a move while the running rows need the same bucket."""
+    s = Scheduler(num_slots=8, max_queue=8)
+    for i in range(8):
+        s.submit(i)
+    s.admit()
+    s.release(2), s.release(6)
+    assert s.compact() == []  # 6 rows still need 8
+    s.submit(8)
+    assert s.admit() == [(2, 8)] and s.compact() == []
+
+
 def test_cancelled_waiting_requests_leave_the_queue():
     s = Scheduler(num_slots=1, max_queue=1)
     s.submit("a")

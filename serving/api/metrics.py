@@ -63,6 +63,8 @@ class _EngineCollector:
             yield GaugeMetricFamily(f"ttsbench_{key}", help_text, value=float(stats.get(key, 0.0)))
         yield CounterMetricFamily("ttsbench_frames_generated", "Talker frames (16 codes each) generated",
                                   value=float(stats.get("frames_total", 0.0)))
+        yield CounterMetricFamily("ttsbench_slot_moves", "Running requests moved to lower KV slots, so that a "
+                                  "draining batch's steps cover fewer rows", value=float(stats.get("slot_moves_total", 0.0)))
         yield CounterMetricFamily("ttsbench_codec_frames_decoded", "Frames the codec decoded to audio",
                                   value=float(stats.get("codec_frames_decoded", 0.0)))
         yield CounterMetricFamily("ttsbench_codec_frames_computed", "Frames the codec computed for them, padding "

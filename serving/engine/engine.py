@@ -228,6 +228,7 @@ class Engine:
         self._codec_streams: list[RequestStream] = []
         self._tasks: list[asyncio.Task] = []
         self._frames_total = 0
+        self._slot_moves = 0  # requests moved to lower KV slots (Scheduler.compact)
         self._recent_frames: deque[tuple[float, int]] = deque()
         self._recent_e2e: deque[float] = deque(maxlen=64)
         self._stopping = False
@@ -407,6 +408,7 @@ class Engine:
             "kv_slots_free": self.scheduler.num_free,
             "frames_per_second": recent / span if span > 0 else 0.0,
             "frames_total": self._frames_total,
+            "slot_moves_total": self._slot_moves,
             "codec_pending_frames": sum(len(s.codec.pending) for s in list(self._codec_streams)),
             "codec_frames_decoded": self.codec.frames_decoded,
             "codec_frames_computed": self.codec.frames_computed,
@@ -435,6 +437,9 @@ class Engine:
             if admitted:
                 await self._prefill(admitted)
             self._drop_cancelled()
+            moves = sched.compact()
+            if moves:
+                await self._move(moves)
             rows = sched.running()
             launched = None
             if rows:
@@ -465,7 +470,7 @@ class Engine:
         self.observe("talker_step", now - max(launched, last_codes))
         dealt = 0
         for slot, stream in rows:
-            if stream.slot != slot or stream.cancelled:  # ended at the previous step, or its client left
+            if stream.slot is None or stream.cancelled:  # ended at the previous step, or its client left
                 continue
             dealt += 1
             if not ended[slot]:
@@ -488,9 +493,25 @@ class Engine:
         return now
 
     def _fail_rows(self, rows: list) -> None:
-        for slot, stream in rows:
-            if stream.slot == slot:
+        for _, stream in rows:
+            if stream.slot is not None:
                 self._fail(stream, RequestFailed("generation failed"))
+
+    async def _move(self, moves: list[tuple[int, int]]) -> None:
+        """Move requests to the lower slots the scheduler gave them (Scheduler.compact). The steps in flight
+        remember each row's stream and its slot at launch, so their codes still reach it; a failed move fails
+        the moved requests, whose state is then unknown."""
+        moved = dict(self.scheduler.running())
+        for _, dst in moves:
+            moved[dst].slot = dst
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._talker_pool, self.runner.move, moves)
+        except Exception:
+            log.exception("moving %d requests between KV slots failed; failing them", len(moves))
+            for _, dst in moves:
+                self._fail(moved[dst], RequestFailed("generation failed"))
+            return
+        self._slot_moves += len(moves)
 
     async def _prefill(self, admitted: list) -> None:
         """Prefill the admitted requests in one call to the talker thread, then hand each its codec stream."""

@@ -3,7 +3,8 @@
 Pure Python, no tensors: the talker stage asks it who runs next. Slots are rows of the preallocated KV
 cache. A new request takes the lowest free slot, so the running rows stay packed at the front and a
 decode step over the first `bucket` rows (a fixed-shape view of the cache, one CUDA graph per bucket)
-covers every running request.
+covers every running request. Requests end in any order, though: as a wave drains, its last rows can sit
+high in the cache, and every step would compute the empty rows below them. `compact` moves them down.
 """
 
 from __future__ import annotations
@@ -110,6 +111,18 @@ class Scheduler(Generic[T]):
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
+
+    def compact(self) -> list[tuple[int, int]]:
+        """Move the requests above the bucket the running ones need into the lowest free slots: (from, to) pairs,
+        for the talker stage to move their state. None while the rows fit that bucket, so steady load moves
+        nothing; a draining wave's tail steps over a few rows instead of the wave's width (H100, 0.6B: a frame of
+        1 row 2.8 ms, of 32 rows 4.5 ms, docs/performance.md)."""
+        need = pick_bucket(self.num_running, self.buckets) if self.num_running else 0
+        free = [i for i in range(need) if self.slots[i] is None]
+        moves = [(src, free.pop(0)) for src in range(need, self.num_slots) if self.slots[src] is not None]
+        for src, dst in moves:
+            self.slots[dst], self.slots[src] = self.slots[src], None
+        return moves
 
     def bucket(self) -> int:
         """Rows the next decode step covers: up to the highest occupied slot, rounded up to a bucket."""

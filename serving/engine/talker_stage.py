@@ -15,7 +15,7 @@ import contextlib
 import importlib
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -384,6 +384,35 @@ class TalkerRunner:
         with self._on_stream():
             self.active[slot].zero_()
             self.pos[slot].zero_()
+
+    @torch.inference_mode()
+    def move(self, moves: list[tuple[int, int]]) -> None:
+        """Move running requests between slots, (from, to) pairs into free slots (Scheduler.compact): each slot
+        tensor's rows copied in one gather and one indexed copy, keys and values only up to the longest moved
+        row's keys, then the old slots freed. Queued on the talker's stream after the step in flight, whose
+        frame the copies include; the sampler's draws hang on a request's seed and frame, not its slot, so a
+        moved request's codes are the ones it would have had in place."""
+        if not moves:
+            return
+        keys = max(self.lengths[s] for s, _ in moves)
+        with self._on_stream():
+            src = upload([s for s, _ in moves], torch.int64, self.device)
+            dst = upload([d for _, d in moves], torch.int64, self.device)
+            for tensor, dim in self._slot_tensors(keys):
+                tensor.index_copy_(dim, dst, tensor.index_select(dim, src))
+            for tensor in (self.active, self.pos):
+                tensor.index_fill_(0, src, 0)
+        for s, d in moves:
+            self.lengths[d], self.lengths[s] = self.lengths[s], 0
+            self.candidate_ok[d], self.candidate_ok[s] = self.candidate_ok[s], True
+
+    def _slot_tensors(self, keys: int) -> list[tuple[torch.Tensor, int]]:
+        """Every tensor that holds a request's state by slot, with its slot dimension (the caches' first `keys`
+        positions). The code predictor's cache is not one: each frame rewrites it before reading it."""
+        params = [getattr(p, f.name) for p in (self.talker_params, self.cp_params) for f in fields(p)]
+        per_slot = (self.hidden, self.pos, self.active, self.generated, self.seen, self.trailing, self.trailing_len,
+                    self.seed, self.rep_penalty, *params)
+        return [(self.kv.k[:, :, :, :keys], 1), (self.kv.v[:, :, :, :keys], 1)] + [(t, 0) for t in per_slot]
 
     # --- decode ------------------------------------------------------------------------------------------
     def decode_step(self, bucket: int) -> tuple[np.ndarray, np.ndarray]:
