@@ -65,6 +65,9 @@ class StubTalker:
     def release(self, slot: int) -> None:
         pass
 
+    def move(self, moves: list) -> None:
+        pass  # a move only queues copies on the talker's stream
+
     def launch(self, bucket: int) -> tuple[int, float]:
         """As on a GPU, a step starts once the one before it is done (two may be outstanding)."""
         self.steps += 1
