@@ -192,6 +192,7 @@ class CodecRunner:
         # Frames served since warm-up, and frames computed for them: a call runs the cheapest captured shape that
         # covers its rows and its longest chunk, so the two differ by the padding (/metrics)
         self.frames_decoded = self.frames_computed = self.frames_padding_rows = 0
+        self.calls_split = 0  # calls run as two replays by chunk length (split_call)
 
     @property
     def num_slots(self) -> int:
@@ -238,6 +239,7 @@ class CodecRunner:
         lengths = [len(c.codes) for c in chunks]
         groups = (split_call(lengths, self.graphs.covering, self.graphs.replay_ms) if self.graphs is not None
                   else [(list(range(len(rows))), None)])
+        self.calls_split += len(groups) > 1
         wavs = []
         for index, bucket in groups:
             part = [rows[i] for i in index]
@@ -340,4 +342,4 @@ class CodecRunner:
                 torch.backends.cudnn.benchmark = previous
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.frames_decoded = self.frames_computed = self.frames_padding_rows = 0
+        self.frames_decoded = self.frames_computed = self.frames_padding_rows = self.calls_split = 0
