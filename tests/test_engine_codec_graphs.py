@@ -324,3 +324,41 @@ def test_a_split_call_gives_each_chunk_the_samples_and_state_of_the_whole_call(d
             assert not g[SLOTS].any()
     assert graphs.replayed == [(2, 4), (2, 4), (2, 25)]  # the second call: (2, 4) 1.8 + (2, 25) 6 + margin < (4, 25) 11
     assert (graphs.frames_decoded, graphs.frames_computed, graphs.frames_padding_rows) == (53, 8 + 8 + 50, 0)
+
+
+def test_each_graph_is_timed_with_its_rows_on_distinct_slots_and_left_at_rest(decoder, monkeypatch):
+    """Warm-up times every captured graph (CUDA events; stood in for here): the first replay is not counted, the
+    median of the rest is kept, the timed rows name distinct slots as a call's rows do (the scratch slot where
+    the bucket has more rows than the pool has slots), and the static inputs are back at rest afterwards."""
+    runner = graph_runner(decoder, buckets=((2, 4), (8, 4)))
+    graphs = runner.graphs
+    graphs.capture_all(None)
+    assert graphs.replay_ms == {}  # a CPU has no graphs to time
+    elapsed = iter([9.0, 3.0, 1.0, 2.0] + [50.0, 4.0, 6.0, 5.0])
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self, stream=None):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return next(elapsed)
+
+    class Replays:
+        seen = []
+
+        def replay(self, batch, frames):
+            Replays.seen.append((batch, graphs.static[(batch, frames)][1][0].tolist()))
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    graphs.frame_graphs = Replays()
+    graphs._time_replays(repeats=3)
+    assert graphs.replay_ms == {(2, 4): 2.0, (8, 4): 5.0}
+    scratch = runner.pool.scratch_slot
+    assert Replays.seen == [(2, [0, 1])] * 4 + [(8, [0, 1, 2, 3] + [scratch] * 4)] * 4  # SLOTS = 4
+    assert all(graphs.static[b][1][0].tolist() == [scratch] * b[0] for b in graphs.static)

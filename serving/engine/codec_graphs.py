@@ -231,12 +231,18 @@ class CodecGraphs:
         self.memory[bucket] = graph_bytes + inputs
         return self.memory[bucket]
 
+    @torch.inference_mode()
     def _time_replays(self, repeats: int = 3) -> None:
-        """Each captured graph's replay time, the median of `repeats` after one more (CUDA events; its static
-        inputs at rest are scratch rows, which cost what any rows do): split_call weighs calls by them."""
+        """Each captured graph's replay time, the median of `repeats` after one more (CUDA events): split_call
+        weighs calls by them. The kernels' work follows the shapes alone, but the rows read their slots' state,
+        so the timed rows name distinct slots as a call's do (at rest all name the scratch slot, one row that
+        stays in cache); what they leave there is never heard: every stream starts its slot afresh or primed."""
         if self.frame_graphs is None:
             return
         for bucket in self.memory:
+            slots = self.static[bucket][1][0]
+            named = min(bucket[0], self.pool.num_slots)
+            slots[:named].copy_(torch.arange(named, device=self.device))
             times = []
             for _ in range(repeats + 1):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -246,6 +252,7 @@ class CodecGraphs:
                 end.synchronize()
                 times.append(start.elapsed_time(end))
             self.replay_ms[bucket] = sorted(times[1:])[repeats // 2]
+            slots.fill_(self.pool.scratch_slot)
         log.info("codec graphs' replay ms: %s", ", ".join(f"{b}x{f} {ms:.2f}" for (b, f), ms in
                                                          sorted(self.replay_ms.items())))
 
