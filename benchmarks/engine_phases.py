@@ -36,7 +36,8 @@ def parse(text: str) -> dict[str, dict[str, float]]:
 
 
 def counters(pattern: re.Pattern, text: str) -> dict[str, float]:
-    return {m.group(1): float(m.group(2)) for m in map(pattern.match, (line.strip() for line in text.splitlines())) if m}
+    matches = map(pattern.match, (line.strip() for line in text.splitlines()))
+    return {m.group(1): float(m.group(2)) for m in matches if m}
 
 
 def diff(before: str, after: str) -> dict[str, dict[str, float]]:

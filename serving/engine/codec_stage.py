@@ -225,7 +225,8 @@ class CodecRunner:
              "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
         report = self.graph_report or CodecGraphReport((), (), 0, self.graph_budget_bytes)
         if self.graphs is not None and self.graphs.replay_ms:
-            d["codec_graph_replay_ms"] = {f"{b}x{f}": round(ms, 3) for (b, f), ms in sorted(self.graphs.replay_ms.items())}
+            d["codec_graph_replay_ms"] = {f"{b}x{f}": round(ms, 3)
+                                          for (b, f), ms in sorted(self.graphs.replay_ms.items())}
         return d | report.describe() | (self.prime_graphs.describe() if self.prime_graphs is not None else {})
 
     @torch.inference_mode()
