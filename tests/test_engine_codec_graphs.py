@@ -45,6 +45,19 @@ def graph_runner(decoder, buckets=BUCKETS, budget=None):
     return runner
 
 
+def decode_alike(graphs, eager, steps, dtype, tol):
+    """Each step's calls through the graph runner and the eager one: the same samples per chunk (equal in
+    float64), the same slot states, and the scratch slot only ever holding zeros."""
+    for step in steps:
+        got, want = graphs.decode(step), eager.decode(step)
+        assert [len(w) for w in got] == [len(c.codes) * graphs.samples_per_frame for c in step]
+        for g, w in zip(got, want):
+            assert np.array_equal(g, w) if dtype == torch.float64 else np.abs(g - w).max() < 1e-5
+        for g, w in zip(slot_states(graphs), slot_states(eager)):
+            assert torch.allclose(g[:SLOTS], w[:SLOTS], rtol=tol, atol=tol)
+            assert not g[SLOTS].any()
+
+
 def slot_states(runner):
     pool = runner.pool
     buffers = list(pool.conv_state.values()) + [b for pair in pool.kv_state.values() for b in pair] + [pool.history]
@@ -118,14 +131,7 @@ def test_padded_calls_equal_the_exact_eager_calls_samples_and_slot_states(decode
         [CodecChunk(3, codes(4, 6), False), CodecChunk(2, codes(2, 7), True), CodecChunk(0, codes(3, 8), True)],
         [CodecChunk(2, codes(25, 9), False)],
     ]
-    for step in steps:
-        got, want = graphs.decode(step), eager.decode(step)
-        assert [len(w) for w in got] == [len(c.codes) * decoder.samples_per_frame for c in step]
-        for g, w in zip(got, want):
-            assert np.array_equal(g, w) if dtype == torch.float64 else np.abs(g - w).max() < 1e-5
-        for g, w in zip(slot_states(graphs), slot_states(eager)):
-            assert torch.allclose(g[:SLOTS], w[:SLOTS], rtol=tol, atol=tol)
-            assert not g[SLOTS].any()  # the scratch slot only ever holds zeros
+    decode_alike(graphs, eager, steps, dtype, tol)
     assert graphs.replayed == [(4, 4), (2, 8), (4, 4), (4, 25)]
 
 
@@ -314,14 +320,7 @@ def test_a_split_call_gives_each_chunk_the_samples_and_state_of_the_whole_call(d
         [CodecChunk(0, codes(25, 3), False), CodecChunk(1, codes(2, 4), False), CodecChunk(2, codes(2, 5), True),
          CodecChunk(3, codes(20, 6), True)],
     ]
-    for step in steps:
-        got, want = graphs.decode(step), eager.decode(step)
-        assert [len(w) for w in got] == [len(c.codes) * decoder.samples_per_frame for c in step]
-        for g, w in zip(got, want):
-            assert np.array_equal(g, w) if dtype == torch.float64 else np.abs(g - w).max() < 1e-5
-        for g, w in zip(slot_states(graphs), slot_states(eager)):
-            assert torch.allclose(g[:SLOTS], w[:SLOTS], rtol=tol, atol=tol)
-            assert not g[SLOTS].any()
+    decode_alike(graphs, eager, steps, dtype, tol)
     assert graphs.replayed == [(2, 4), (2, 4), (2, 25)]  # the second call: (2, 4) 1.8 + (2, 25) 6 + margin < (4, 25) 11
     assert (graphs.frames_decoded, graphs.frames_computed, graphs.frames_padding_rows) == (53, 8 + 8 + 50, 0)
 
