@@ -302,10 +302,15 @@ def test_a_step_launched_past_a_requests_end_never_reaches_the_next_request_in_i
     assert len(alone) == 5 * 1920 and np.abs(second - alone).max() < 1e-5
 
 
-def _drain(config=CONFIG, move=None):
-    """Three short requests and a long one after them, submitted at once to an engine of 4 slots: as the short
-    ones end, the long one is moved from the last slot to the first. Its audio alone and in the wave, the
-    errors of the others, and the engine's slot moves."""
+SHORT_FRAMES = (10, 3, 3)  # the wave's first three requests, in slots 0, 1, 2; the long one (24 frames) takes 3
+
+
+def _drain(move=None):
+    """Three shorter requests and a long one after them, submitted at once to an engine of 4 slots. However the
+    submissions fall across the talker's steps, the requests in slots 1 and 2 end first, which leaves slots 0
+    and 3 running: the long one moves to slot 1, and once slot 0's request ends, to slot 0; no other request
+    moves. Returns the long one's audio alone, the wave's audio (or errors), the long one's audio after the
+    wave, and the engine's slot moves."""
     def request(seed, frames):
         return GenerationRequest(task="CustomVoice", text=f"Request {seed}.", speaker="vivian",
                                  max_new_tokens=frames, sampling=SamplingParams(seed=seed))
@@ -317,15 +322,15 @@ def _drain(config=CONFIG, move=None):
             return exc
 
     async def main():
-        engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), max_queue=4, **config))
+        engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), max_queue=4, **CONFIG))
         await engine.start()
         try:
-            alone = await audio(engine, request(9, 16))
+            alone = await audio(engine, request(9, 24))
             if move is not None:
                 engine.runner.move = move
-            wave = await asyncio.gather(*(audio(engine, request(seed, 3)) for seed in (1, 2, 3)),
-                                        audio(engine, request(9, 16)))
-            after = await audio(engine, request(9, 16))
+            wave = await asyncio.gather(*(audio(engine, request(seed, n)) for seed, n in enumerate(SHORT_FRAMES)),
+                                        audio(engine, request(9, 24)))
+            after = await audio(engine, request(9, 24))
             return alone, wave, after, engine.stats()["slot_moves_total"]
         finally:
             await engine.shutdown()
@@ -335,9 +340,9 @@ def _drain(config=CONFIG, move=None):
 
 def test_the_last_request_of_a_draining_wave_moves_down_and_its_audio_is_unchanged():
     alone, wave, after, moves = _drain()
-    assert moves == 1
-    assert all(isinstance(a, np.ndarray) and len(a) == 3 * 1920 for a in wave[:3])
-    assert len(wave[3]) == len(alone) == 16 * 1920 and np.abs(wave[3] - alone).max() < 1e-5
+    assert moves == 2
+    assert [len(a) for a in wave[:3]] == [n * 1920 for n in SHORT_FRAMES]
+    assert len(wave[3]) == len(alone) == 24 * 1920 and np.abs(wave[3] - alone).max() < 1e-5
 
 
 def test_a_failed_move_fails_the_moved_request_and_the_engine_goes_on():
@@ -346,7 +351,7 @@ def test_a_failed_move_fails_the_moved_request_and_the_engine_goes_on():
 
     alone, wave, after, moves = _drain(move=broken)
     assert moves == 0
-    assert all(isinstance(a, np.ndarray) and len(a) == 3 * 1920 for a in wave[:3])
+    assert [len(a) for a in wave[:3]] == [n * 1920 for n in SHORT_FRAMES]
     assert isinstance(wave[3], RequestFailed) and "generation failed" in str(wave[3])
     assert np.abs(after - alone).max() < 1e-5
 
