@@ -7,8 +7,9 @@ texts, 1 to 128 at once); the codec stage's decode call by chunk size and batch;
 alone and while the codec thread decodes at the same time (both stages share the GPU and the Python
 interpreter), and the codec call while the talker steps (the talker's stream and graphs at the priority the
 stack gives them, TalkerRunner); then both looping at once for a few seconds, as at full load: steps and calls
-per second, and their work rate against each one's stand-alone rate. These are the terms of the first-audio latency (prefill + first_chunk_frames steps
-+ one codec call) and of the served throughput (steps/s vs codec calls/s).
+per second, and their work rate against each one's stand-alone rate. These are the terms of the first-audio
+latency (prefill + first_chunk_frames steps + one codec call) and of the served throughput (steps/s vs codec
+calls/s).
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def test_padding_rows_and_idle_rows_leave_state_untouched(small_window):
     rest = pool.decode([(0, c[15:], False)])[0]
     streamed = torch.cat([first, wav[0, : 5 * spf], rest])
     assert max_dev(streamed, one_shot(small_window, c)) < TOL
-    assert all(float(b[pool.scratch_slot].abs().max()) == 0 for b in pool.conv_state.values())
+    assert float(pool.state[pool.scratch_slot].abs().max()) == 0
     assert int(pool.history[1]) == 0 and int(pool.history[pool.scratch_slot]) == 0
 
 
@@ -191,17 +191,17 @@ def test_step_traces_as_one_graph_without_host_syncs(small_window):
 
 
 def test_a_step_reads_and_writes_the_pool_once_and_each_layer_sees_its_own_slice(small_window):
-    """A slot's state is one row of the pool: each layer's part a slice of it (conv_state / kv_state are views), in
+    """A slot's state is one row of the pool: each layer's part a slice of it (`part` views it), in
     traversal order, so a step gathers its rows once and commits one contiguous run; a step whose updates left a
     gap would misplace state, and says so."""
     pool = IncrementalCodecDecoder(small_window, num_slots=3)
     offsets = [offset for offset, _ in pool.slices.values()]
     assert offsets == sorted(offsets) and pool.state.shape == (4, pool.width)
     for key, (offset, shape) in pool.slices.items():
-        view = pool.conv_state[key] if not isinstance(key, tuple) else pool.kv_state[key[0]][key[1] == "v"]
+        view = pool.part(key)
         assert view.shape[1:] == shape and view.data_ptr() == pool.state[:, offset:].data_ptr()
     step = StreamStep(pool, torch.tensor([0, 1]), torch.tensor([2, 2]), torch.tensor([True, True]))
-    convs = list(pool.conv_state)
+    convs = [key for key in pool.slices if not isinstance(key, tuple)]
     for module in (convs[0], convs[-1]):  # the first layer and the last: a gap between them
         channels, n = pool.slices[module][1]
         step.filled(module, torch.ones(2, channels, 10), n)
@@ -215,7 +215,7 @@ def test_state_size_of_the_released_codec():
     pool = IncrementalCodecDecoder(dec, num_slots=4)
     kv = 8 * 2 * 71 * 16 * 64 * 4  # layers x (keys, values) x window-1 frames x heads x head_dim x fp32
     assert kv < pool.state_bytes_per_slot < kv + 1_000_000
-    assert pool.conv_state[dec.pre_conv].shape == (5, 512, 2)  # 4 slots + scratch, kernel 3 -> 2 inputs
+    assert pool.part(dec.pre_conv).shape == (5, 512, 2)  # 4 slots + scratch, kernel 3 -> 2 inputs
 
 
 @pytest.mark.parametrize("chunks, message", [

@@ -174,7 +174,6 @@ class CodecGraphs:
         self.frame_graphs = FrameGraphs(self._captured, device) if device.type == "cuda" else None
         self.memory: dict[Bucket, int] = {}  # bucket -> bytes: graph pool growth at capture + static inputs
         self.replay_ms: dict[Bucket, float] = {}  # bucket -> its graph's replay time (CUDA), for split_call
-        self._covers: dict[Bucket, Bucket | None] = {}  # (rows, frames) -> covering(), once captured
         self.report = CodecGraphReport((), (), 0, None)
 
     def _captured(self, batch: int, frames: int) -> tuple[torch.Tensor]:
@@ -194,7 +193,6 @@ class CodecGraphs:
         kept, dropped = keep_within_budget(order, estimates.__getitem__, self._capture, budget_bytes)
         for bucket in dropped:
             del self.static[bucket]
-        self._covers.clear()
         self._time_replays()
         self.report = CodecGraphReport(tuple((b, f, self.memory[(b, f)]) for b, f in sorted(kept)),
                                        tuple(sorted(dropped)), sum(self.memory.values()), budget_bytes)
@@ -257,10 +255,7 @@ class CodecGraphs:
                                                          sorted(self.replay_ms.items())))
 
     def covering(self, batch: int, frames: int) -> Bucket | None:
-        key = (batch, frames)
-        if key not in self._covers:
-            self._covers[key] = cover(self.memory, batch, frames)
-        return self._covers[key]
+        return cover(self.memory, batch, frames)
 
     @torch.inference_mode()
     def replay(self, bucket: Bucket, codes_btq: torch.Tensor, meta_3b: torch.Tensor) -> torch.Tensor:

@@ -114,9 +114,9 @@ class Scheduler(Generic[T]):
 
     def compact(self) -> list[tuple[int, int]]:
         """Move the requests above the bucket the running ones need into the lowest free slots: (from, to) pairs,
-        for the talker stage to move their state. None while the rows fit that bucket, so steady load moves
-        nothing; a draining wave's tail steps over a few rows instead of the wave's width (H100, 0.6B: a frame of
-        1 row 2.8 ms, of 32 rows 4.5 ms, docs/performance.md)."""
+        for the talker stage to move their state; none while the rows fit that bucket, so steady load moves
+        nothing. A draining wave's tail then steps over its few rows instead of the wave's width (H100, 0.6B: a
+        frame of 1 row 2.8 ms, of 32 rows 4.5 ms, docs/performance.md)."""
         need = pick_bucket(self.num_running, self.buckets) if self.num_running else 0
         free = [i for i in range(need) if self.slots[i] is None]
         moves = [(src, free.pop(0)) for src in range(need, self.num_slots) if self.slots[src] is not None]

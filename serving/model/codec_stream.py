@@ -101,8 +101,7 @@ class StreamStep(Frames):
         self.history_update: list[torch.Tensor] = []
 
     def _carried(self, key) -> torch.Tensor:
-        offset, shape = self.pool.slices[key]
-        return self._rows[:, offset:offset + shape.numel()].view(-1, *shape)
+        return self.pool.part(key, self._rows)
 
     def _record(self, key, full: torch.Tensor, end_b: torch.Tensor, length: int, dim: int) -> None:
         self.updates[self.pool.slices[key][0]] = _tail(full, end_b, self.pool.steps[length], dim)
@@ -154,8 +153,8 @@ class IncrementalCodecDecoder:
     """A pool of `num_slots` stream states (plus one scratch slot) for one CodecDecoder, on its device and dtype.
 
     A slot's state is one row of `state` (slot, width): each layer's part is a slice of it (`slices`: offset and
-    shape by conv module, or (attention module, "k" / "v")), seen as conv_state / kv_state views; `history`
-    counts each slot's real carried frames. Memory per slot (released codec): 8 layers x 2 x 71 frames x 1024
+    shape by conv module, or (attention module, "k" / "v"); `part` views it); `history` counts each slot's real
+    carried frames. Memory per slot (released codec): 8 layers x 2 x 71 frames x 1024
     for keys/values plus ~136k values of convolution state, ~5 MB in fp32 (see state_bytes_per_slot).
     """
 
@@ -180,9 +179,6 @@ class IncrementalCodecDecoder:
                 for part in ("k", "v"):
                     self._slice((module, part), module.num_kv_heads, self.cache_frames, module.head_dim)
         self.state = torch.zeros((rows, self.width), dtype=param.dtype, device=param.device)
-        self.conv_state = {key: self._view(key) for key in self.slices if isinstance(key, nn.Module)}
-        self.kv_state = {key[0]: (self._view(key), self._view((key[0], "v"))) for key in self.slices
-                         if isinstance(key, tuple) and key[1] == "k"}
         # 0..n-1 for each state length n: where a row's new state starts in its inputs (no arange per step)
         lengths = {shape[1] for _, shape in self.slices.values() if len(shape) == 2} | {self.cache_frames}
         self.steps = {n: torch.arange(n, device=param.device) for n in lengths}
@@ -194,9 +190,11 @@ class IncrementalCodecDecoder:
         self.slices[key] = (self.width, torch.Size(shape))
         self.width += self.slices[key][1].numel()
 
-    def _view(self, key) -> torch.Tensor:
+    def part(self, key, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`key`'s state in every row of `rows` (default: the pool's), a view (rows, *shape)."""
         offset, shape = self.slices[key]
-        return self.state[:, offset:offset + shape.numel()].view(-1, *shape)
+        rows = self.state if rows is None else rows
+        return rows[:, offset:offset + shape.numel()].view(-1, *shape)
 
     @property
     def state_bytes_per_slot(self) -> int:
