@@ -24,7 +24,7 @@ from typing import Callable, TypeVar
 import numpy as np
 import torch
 
-from serving.engine.codec_graphs import CodecGraphReport, CodecGraphs, PrimeGraphs, pad_rows, run_step, split_call
+from serving.engine.codec_graphs import CodecGraphReport, CodecGraphs, PrimeGraphs, pad_rows, run_step
 from serving.engine.cuda_graphs import wait_sleeping
 from serving.engine.lru import LRU
 from serving.model.codec_stream import IncrementalCodecDecoder, next_chunk_frames
@@ -192,7 +192,6 @@ class CodecRunner:
         # Frames served since warm-up, and frames computed for them: a call runs the cheapest captured shape that
         # covers its rows and its longest chunk, so the two differ by the padding (/metrics)
         self.frames_decoded = self.frames_computed = self.frames_padding_rows = 0
-        self.calls_split = 0  # calls run as two replays by chunk length (split_call)
 
     @property
     def num_slots(self) -> int:
@@ -224,9 +223,6 @@ class CodecRunner:
              "codec_slots": self.num_slots, "codec_vocoder_kernels": self.vocoder_kernels,
              "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
         report = self.graph_report or CodecGraphReport((), (), 0, self.graph_budget_bytes)
-        if self.graphs is not None and self.graphs.replay_ms:
-            d["codec_graph_replay_ms"] = {f"{b}x{f}": round(ms, 3)
-                                          for (b, f), ms in sorted(self.graphs.replay_ms.items())}
         return d | report.describe() | (self.prime_graphs.describe() if self.prime_graphs is not None else {})
 
     @torch.inference_mode()
@@ -238,28 +234,19 @@ class CodecRunner:
         rows = [(c.slot, c.codes, c.first and c.prime is None) for c in chunks]
         self._check(rows)
         lengths = [len(c.codes) for c in chunks]
-        groups = (split_call(lengths, self.graphs.covering, self.graphs.replay_ms) if self.graphs is not None
-                  else [(list(range(len(rows))), None)])
-        self.calls_split += len(groups) > 1
-        wavs = []
-        for index, bucket in groups:
-            part = [rows[i] for i in index]
-            frames = max(lengths[i] for i in index)
-            decoded, computed, padding_rows = call_frames([lengths[i] for i in index], bucket)
-            self.frames_decoded += decoded
-            self.frames_computed += computed
-            self.frames_padding_rows += padding_rows
-            if bucket is not None:
-                wav = self.graphs.replay(bucket, *pad_rows(part, *bucket, self.pool.scratch_slot, self.num_quantizers))
-            else:
-                codes, meta = pad_rows(part, len(part), frames, self.pool.scratch_slot, self.num_quantizers)
-                wav = run_step(self.pool, codes.to(self.device), meta.to(self.device))
-            wavs.append(wav[: len(part), : frames * self.samples_per_frame])
-        out = [None] * len(chunks)
-        for (index, _), host in zip(groups, self._to_host(wavs)):
-            for row, i in enumerate(index):
-                out[i] = host[row, : lengths[i] * self.samples_per_frame].copy()
-        return out
+        frames = max(lengths)
+        bucket = self.graphs.covering(len(rows), frames) if self.graphs is not None else None
+        decoded, computed, padding_rows = call_frames(lengths, bucket)
+        self.frames_decoded += decoded
+        self.frames_computed += computed
+        self.frames_padding_rows += padding_rows
+        if bucket is not None:
+            wav = self.graphs.replay(bucket, *pad_rows(rows, *bucket, self.pool.scratch_slot, self.num_quantizers))
+        else:
+            codes, meta = pad_rows(rows, len(rows), frames, self.pool.scratch_slot, self.num_quantizers)
+            wav = run_step(self.pool, codes.to(self.device), meta.to(self.device))
+        host = self._to_host(wav[: len(rows), : frames * self.samples_per_frame])
+        return [host[i, : n * self.samples_per_frame].copy() for i, n in enumerate(lengths)]
 
     def _prime(self, chunks: list[CodecChunk]) -> None:
         """Prime each chunk's slot with its reference codes. The state priming leaves depends on those codes
@@ -286,24 +273,20 @@ class CodecRunner:
             restored += [(c.slot, state) for c in same[1:]]
         self.pool.restore([slot for slot, _ in restored], [state for _, state in restored])
 
-    def _to_host(self, wavs: list[torch.Tensor]) -> list[np.ndarray]:
-        """A call's waveforms (one tensor per group of rows) on the host, as float32. On a GPU: asynchronous
-        copies into one pinned buffer and one polling wait that sleeps (cuda_graphs.wait_sleeping, as the
-        talker's); a pageable copy of 64 x 25 frames took 7 ms on an H100 (docs/performance.md)."""
+    def _to_host(self, wav: torch.Tensor) -> np.ndarray:
+        """The call's waveforms on the host, as float32. On a GPU: one asynchronous copy into a pinned buffer and
+        a polling wait that sleeps (cuda_graphs.wait_sleeping, as the talker's); a pageable copy of 64 x 25 frames
+        took 7 ms on an H100 (docs/performance.md)."""
         if self._copied is None:
-            return [wav.float().numpy() for wav in wavs]
-        rows, samples = sum(w.shape[0] for w in wavs), max(w.shape[1] for w in wavs)
+            return wav.float().numpy()
+        rows, samples = wav.shape
         held = self._host.shape if self._host is not None else (0, 0)
         if rows > held[0] or samples > held[1]:  # grows to the largest call seen
             self._host = torch.empty((max(rows, held[0]), max(samples, held[1])), dtype=torch.float32, pin_memory=True)
-        out, start = [], 0
-        for wav in wavs:
-            view = self._host[start : start + wav.shape[0], : wav.shape[1]]
-            view.copy_(wav, non_blocking=True)
-            out.append(view)
-            start += wav.shape[0]
+        out = self._host[:rows, :samples]
+        out.copy_(wav, non_blocking=True)
         wait_sleeping(self._copied)
-        return [view.numpy() for view in out]
+        return out.numpy()
 
     def _check(self, rows: list[tuple[int, np.ndarray, bool]]) -> None:
         """Clear errors on the host for what would be a device assert or a corrupted slot on the GPU."""
@@ -343,4 +326,4 @@ class CodecRunner:
                 torch.backends.cudnn.benchmark = previous
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.frames_decoded = self.frames_computed = self.frames_padding_rows = self.calls_split = 0
+        self.frames_decoded = self.frames_computed = self.frames_padding_rows = 0
