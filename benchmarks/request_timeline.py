@@ -12,9 +12,8 @@ codec call, that call, and its way out to the response's end: what a short reque
 after its frames). gpu_bench.sh writes one file per level and runs this on it.
 
 Then the first wave's admissions, in order: when each began (ms after the wave's first arrival), how many prompts
-it prefilled together, how many rows were running, and how long its prefill took to build and queue (admitted to
-prefilled; since session 28 the talker does not wait for the GPU to run it, which first_frames then includes: a
-prefill pauses every running stream, and the first wave's own first audio waits on it).
+it prefilled together, how many rows were running, and how long its prefill took as the talker saw it (admitted to
+prefilled: a prefill pauses every running stream, and the first wave's own first audio waits on it).
 
 Then the generation's pace over the level, in --slices equal slices of time from the first prefill to the last
 frame: rows generating (mean), frames per second and ms per step (rows / frames per second). The log keeps no
@@ -167,7 +166,7 @@ def main() -> None:
     print("  server timeline, ms p50 / p95 of each step of the first audio, then of the last chunk:")
     print(render(groups))
     admitted = admissions(waves["first wave"])
-    print("  the first wave's admissions (prefill: admitted to prefilled, built and queued):")
+    print("  the first wave's admissions (prefill: admitted to prefilled, as the talker saw it):")
     print(render_admissions(admitted))
     rows = pace(waves["first wave"] + waves["later"], args.slices)
     print("  generation pace (each request at its mean rate from its prefill to its last frame):")

@@ -42,7 +42,7 @@ RECENT_FRAMES_S = 5.0  # the window of stats()' frames_per_second
 TIMELINE = {
     "submit": "the handler hands the request to the engine",
     "admitted": "it takes a KV slot; its prefill starts (with the others admitted at once)",
-    "prefilled": "its prefill is queued on the GPU (behind the step in flight; the next step runs after it)",
+    "prefilled": "its prefill is done",
     "first_due": "the frames of its first chunk are all generated",
     "first_codec_start": "the codec call of its first chunk starts",
     "first_codec_end": "that call's waveforms are on the host",
@@ -63,10 +63,8 @@ PHASES = {
     "voice": "a voice clone's reference new to the server: submitted -> encoded (speaker and codec encoders, on "
              "the voice thread beside the talker's steps; per new voice)",
     "queue": "request submitted -> admitted to a KV slot, its voice's encoding included (per request)",
-    "prefill": "the prefill of the requests admitted together, built and queued (graphs or batched passes; on a GPU "
-               "it runs behind the step in flight, in first_frames; per admission)",
-    "first_frames": "prefill queued -> the frames of the first chunk generated, the prefill's run included (per "
-                    "request)",
+    "prefill": "the prefill of the requests admitted together: graphs or batched passes (per admission)",
+    "first_frames": "prefill done -> the frames of the first chunk generated (per request)",
     "talker_step": "one decode step's codes on the host, timed from the later of its launch and the previous "
                    "step's codes: the pace of frames, prefills run in between included (per step)",
     "codec_wait": "a chunk's frames all generated -> its codec call starts (per chunk)",

@@ -237,14 +237,11 @@ class TalkerRunner:
     def prefill_many(self, items: list[tuple[int, GenerationRequest]]) -> list:
         """Run the prompts of new requests into their slots, batched (right-padded, causal: a row never sees
         its padding). One result per item: (reference codes as codec left context, frame limit), or the
-        ValueError that makes the request unservable (prompt too long, bad reference audio).
-
-        On a GPU this only queues the prefill, behind the step in flight on the talker's stream, and returns: the
-        next step, queued on the same stream, runs after it. Waiting here for the stream left the GPU idle while
-        the host woke up and launched that step, once per admission, and held the step in flight's codes back
-        from their streams for the prefill's length."""
+        ValueError that makes the request unservable (prompt too long, bad reference audio)."""
         with self._on_stream():
-            return self._prefill_many(items)
+            results = self._prefill_many(items)
+        self._wait()  # the slots are ready before the next step is scheduled
+        return results
 
     def _prefill_many(self, items: list[tuple[int, GenerationRequest]]) -> list:
         results: list = self.prompts.build_many([request for _, request in items], self._voice_cache_lookup)
@@ -626,7 +623,6 @@ class TalkerRunner:
                 self.prefill_graphs.capture_all()
             t3 = time.monotonic()
             self._warm_up_admission()
-            self._wait()  # prefill_many only queues its work
             t4 = time.monotonic()
             with self._on_voice_stream():
                 self.prompts.warm_up_encoders()
