@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from serving.engine.codec_stage import URGENT_CALL_FRAMES, CodecChunk, CodecRunner, CodecStream, needed_by, next_batch
+from serving.engine.codec_stage import (URGENT_CALL_FRAMES, CodecChunk, CodecRunner, CodecStream, landing, needed_by,
+                                        next_batch)
 from serving.model.codec_config import tiny_codec_config
 from serving.model.codec_decoder import CodecDecoder, init_random_
 
@@ -150,6 +151,25 @@ def test_reference_codes_prime_the_first_chunk_only():
     first, second = stream.take_chunk(), stream.take_chunk()
     assert (first.slot, first.first, len(first.codes)) == (1, True, 3) and np.array_equal(first.prime, ref)
     assert (second.first, second.prime, len(second.codes)) == (False, None, 6)
+
+
+def test_every_calls_landing_view_is_contiguous_and_the_buffer_grows_only_for_a_larger_call():
+    """A call shorter than the longest seen (a 2-frame first chunk after 25-frame calls) lands in a contiguous view:
+    torch copies from the GPU into a strided host target through a blocking pageable temporary."""
+    sizes = []
+
+    def allocate(n):
+        sizes.append(n)
+        return torch.zeros(n)
+
+    flat, view = landing(None, 4, 25 * 96, allocate)
+    assert view.shape == (4, 25 * 96) and view.is_contiguous() and sizes == [4 * 25 * 96]
+    for rows, samples in ((3, 2 * 96), (1, 25 * 96), (4, 25 * 96), (2, 8 * 96)):
+        flat2, view = landing(flat, rows, samples, allocate)
+        assert flat2 is flat and view.shape == (rows, samples) and view.is_contiguous()
+        assert view.data_ptr() == flat.data_ptr()  # the pinned buffer itself, no copy
+    flat3, view = landing(flat, 8, 25 * 96, allocate)
+    assert sizes == [4 * 25 * 96, 8 * 25 * 96] and flat3.numel() == 8 * 25 * 96 and view.is_contiguous()
 
 
 def test_slots_are_assigned_until_the_pool_is_full_and_come_back(runner):

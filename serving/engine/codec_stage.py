@@ -145,6 +145,19 @@ def next_batch(ready: list[T], limit: int, codec: Callable[[T], CodecStream], no
     return [], min(oldest + wait, needed_by(codec(order[0]), wait) - 2 * wait)
 
 
+def landing(flat: torch.Tensor | None, rows: int, samples: int,
+            allocate: Callable[[int], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, a contiguous (rows, samples) view of its start) for a codec call's waveforms, the flat buffer grown
+    by `allocate` to the largest call seen. Contiguous because torch copies into a strided CPU target through a
+    pageable temporary, and a copy from the GPU into pageable memory blocks the host until the stream is done: a
+    (rows, samples) corner of a 2-D buffer was strided for every call shorter than the longest seen, so the codec
+    thread sat in a blocking copy through the whole call (H100, short text at 128 streams: 2.7 ms per call,
+    py-spy, docs/performance.md twenty-third pass)."""
+    if flat is None or flat.numel() < rows * samples:
+        flat = allocate(rows * samples)
+    return flat, flat[: rows * samples].view(rows, samples)
+
+
 def call_frames(lengths: list[int], shape: tuple[int, int] | None) -> tuple[int, int, int]:
     """(frames decoded, frames computed, of those the frames of rows that only fill the shape's batch) of a codec
     call of chunks of `lengths` frames that runs `shape` (rows, frames), or its own shape (its rows by its longest
@@ -185,7 +198,7 @@ class CodecRunner:
         self.graphs = CodecGraphs(self.pool, list(graph_buckets), num_quantizers, device) if graph_buckets else None
         self.graph_budget_bytes = graph_budget_bytes
         self.vocoder_kernels = vocoder_kernels(decoder, device)
-        self._host: torch.Tensor | None = None  # pinned landing buffer of the waveforms (GPU only, see _to_host)
+        self._host: torch.Tensor | None = None  # flat pinned landing buffer of the waveforms (GPU only, see landing)
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
         self._primed = LRU(primed_cache_size)  # reference codes' hash -> the state priming leaves
         self.prime_graphs: PrimeGraphs | None = None  # made at warm-up for voice clone models (see warmup)
@@ -279,11 +292,8 @@ class CodecRunner:
         took 7 ms on an H100 (docs/performance.md)."""
         if self._copied is None:
             return wav.float().numpy()
-        rows, samples = wav.shape
-        held = self._host.shape if self._host is not None else (0, 0)
-        if rows > held[0] or samples > held[1]:  # grows to the largest call seen
-            self._host = torch.empty((max(rows, held[0]), max(samples, held[1])), dtype=torch.float32, pin_memory=True)
-        out = self._host[:rows, :samples]
+        self._host, out = landing(self._host, *wav.shape, lambda n: torch.empty(n, dtype=torch.float32,
+                                                                                pin_memory=True))
         out.copy_(wav, non_blocking=True)
         wait_sleeping(self._copied)
         return out.numpy()
