@@ -24,7 +24,11 @@
 # .peer-bench/whl/common),
 # TEXT_VOCAB (tiktoken ranks of the checkpoints' text tokenizer; default: Qwen's qwen.tiktoken out of a dashscope
 # wheel in WHEELS (`pip download dashscope --no-deps`), else, or with TEXT_VOCAB=small, the small trained BPE of
-# the earlier passes, whose prompts are ~3x too long).
+# the earlier passes, whose prompts are ~3x too long), PYSPY (seconds, at most, of a py-spy profile of the server
+# through each serve level, threads and idle ones included, stopped when the level ends; needs a py-spy wheel in
+# WHEELS: `pip download py-spy --no-deps --only-binary=:all: --platform manylinux2014_x86_64`; the raw profile
+# goes in the level's run directory as pyspy.txt and benchmarks/pyspy_summary.py prints where each thread's time
+# went).
 # Results: $OUT/table.md, $OUT/decode.log, and $OUT/raw.tgz (env, decode.json, kernel profiles, server logs and /health,
 # runs.tgz: the run directories without audio, peer JSON).
 set -u
@@ -47,6 +51,14 @@ if [ -d "$WHEELS" ] && [ ! -d /tmp/site_ours ]; then  # soundfile, soxr (+ cffi,
     "$WHEELS"/soundfile-*.whl "$WHEELS"/soxr-*.whl "$WHEELS"/cffi-*.whl "$WHEELS"/pycparser-*.whl 2>&1 | tail -2
 fi
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}:/tmp/site_ours
+PYSPY=${PYSPY:-}
+if [ -n "$PYSPY" ] && [ ! -x /tmp/pyspy/bin/py-spy ]; then
+  if ls "$WHEELS"/py_spy-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy "$WHEELS"/py_spy-*.whl 2>&1 | grep -v WARN
+  else
+    echo "PYSPY is set but $WHEELS has no py-spy wheel: no profiles"; PYSPY=
+  fi
+fi
 TTSBENCH='import sys; from ttsbench.cli import app; sys.argv[0] = "ttsbench"; app()'
 ttsbench() { python3 -c "$TTSBENCH" "$@"; }
 
@@ -120,6 +132,12 @@ EOF
           n=$(( c < 2 ? 4 : 4 * c ))  # 4 per stream: a full-load span long enough to be the steady state
           curl -s localhost:8091/metrics > "$WORK/metrics-before.txt"
           rm -f "$WORK/server-requests.jsonl"
+          spy=
+          if [ -n "$PYSPY" ]; then  # the server's threads through the level; SIGINT makes py-spy write its file
+            /tmp/pyspy/bin/py-spy record -p $pid --threads --idle --nonblocking --rate 200 --format raw \
+              --duration "$PYSPY" -o "$WORK/pyspy.txt" > "$WORK/pyspy.log" 2>&1 &
+            spy=$!
+          fi
           ttsbench run --url http://127.0.0.1:8091 --task $task --set $set_ --concurrency $c --num-requests $n \
             --max-new-tokens 900 --warmup 1 --no-save-audio --timeout 240 --out "$WORK/runs/$task-$set_-c$c" \
             --label "$task-$set_-c$c" ${RUN_ARGS:-} > "$WORK/run-last.log" 2>&1 || tail -5 "$WORK/run-last.log"
@@ -136,6 +154,16 @@ print(f"  {r['task']:6s} {r['set']:5s} c={r['concurrency']:<3d} ok {r['completed
       f"audio/s {f('audio_throughput')}  underrun p95 {f('underrun_s_p95', '{:.3f}')} s  errors {r.get('errors')}")
 EOF
           curl -s localhost:8091/metrics > "$WORK/metrics-after.txt"
+          if [ -n "$spy" ]; then
+            kill -INT $spy 2>/dev/null; wait $spy
+            if [ -s "$WORK/pyspy.txt" ] && [ -d "$WORK/runs/$task-$set_-c$c" ]; then
+              mv "$WORK/pyspy.txt" "$WORK/runs/$task-$set_-c$c/pyspy.txt"
+              python3 benchmarks/pyspy_summary.py "$WORK/runs/$task-$set_-c$c/pyspy.txt" --under CodecRunner.decode \
+                --under TalkerRunner.prefill_many
+            else
+              echo "  no py-spy profile: $(tail -1 "$WORK/pyspy.log")"
+            fi
+          fi
           [ -d "$WORK/runs/$task-$set_-c$c" ] && python3 benchmarks/engine_phases.py "$WORK/metrics-before.txt" \
             "$WORK/metrics-after.txt" --json "$WORK/runs/$task-$set_-c$c/engine_phases.json"
           if [ -d "$WORK/runs/$task-$set_-c$c" ] && [ -s "$WORK/server-requests.jsonl" ]; then
