@@ -118,7 +118,10 @@ def test_timings_match_the_servers_writes(server, concurrency, n):
             arrivals = [min(max(c, w[0]), w[2]) for c, w in zip(stamps, writes)]
             true_underrun, _ = metrics.underrun([(t, w[1] / PCM_BYTES_PER_S) for t, w in zip(arrivals, writes)])
             underrun_err.append((r["underrun_s"] - true_underrun) * 1000)
+            assert (r["underrun_chunk"] is None) == (r["underrun_s"] == 0)
             if outcome == "stall":
+                # the late chunk is the read that brought the fifth write, after the first four's 0.4 s
+                assert sum(n for _, n in r["chunks"][:r["underrun_chunk"]]) == 4 * 4800
                 # the scripted 0.3 s gap happened (less what the server's own lateness ate of it), and the
                 # harness shows it as one starvation of the length the server really caused
                 assert true_underrun > STALL_S - 0.1, writes

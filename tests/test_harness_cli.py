@@ -19,9 +19,11 @@ RECORD_FIELDS = {
     "id", "item_id", "task", "set", "language", "text", "voice", "instructions", "ref_audio_path", "ref_text",
     "mode", "level", "concurrency", "rate", "warmup", "stream", "ok", "error", "error_detail", "http_status",
     "t_start", "t_headers_ms", "ttfab_ms", "e2e_ms", "chunks", "bytes", "sample_rate", "audio_s", "rtf",
-    "n_chunks", "max_gap_ms", "underrun_s", "underrun_max_s", "underrun_buffered_s", "audio_path", "session"}
+    "n_chunks", "max_gap_ms", "underrun_s", "underrun_max_s", "underrun_buffered_s", "underrun_chunk", "audio_path",
+    "session"}
 ROW_FIELDS = {"task", "set", "level", "mode", "concurrency", "rate", "completed", "failed", "errors", "duration_s",
-              "request_throughput", "audio_throughput", "frames_per_s", "total_audio_s", "goodput"} | {
+              "request_throughput", "audio_throughput", "frames_per_s", "total_audio_s", "goodput", "starved",
+              "starved_at_chunk"} | {
     f"{m}_{s}" for m in ("ttfab_ms", "e2e_ms", "rtf", "underrun_s", "max_gap_ms")
     for s in ("mean", "median", "p90", "p95", "p99", "max")}
 
@@ -85,9 +87,11 @@ def test_run_all_tasks_writes_the_run_directory(server, data, tmp_path):
     for row in summary["rows"]:
         assert ROW_FIELDS <= set(row) and row["completed"] == 5 and row["errors"] == {"http_503": 1}
         assert row["goodput"] == pytest.approx(5 / 6)
+        assert row["starved"] == 0 and row["starved_at_chunk"] == {}
     with open(out / "summary.csv", newline="") as f:
         csv_rows = list(csv.DictReader(f))
     assert len(csv_rows) == 6 and json.loads(csv_rows[0]["errors"]) == {"http_503": 1}
+    assert json.loads(csv_rows[0]["starved_at_chunk"]) == {}
 
     # summarize recomputes the same figures from requests.jsonl alone
     (out / "summary.json").unlink()

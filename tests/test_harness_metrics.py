@@ -35,13 +35,22 @@ def test_startup_buffer_absorbs_a_stall():
     assert metrics.underrun([(0.0, 0.1), (0.05, 0.1)], buffer_s=5.0) == (0.0, 0.0)
 
 
+def test_the_first_starved_chunk_is_the_first_to_arrive_after_playback_ran_dry():
+    # 2 frames (0.16 s) at 0.06; the second chunk at 0.29 comes after the player ran dry at 0.22
+    assert metrics.first_starved_chunk([(0.06, 0.16), (0.29, 0.32), (0.48, 0.64)]) == 1
+    # on time until the third: 0.1 s of audio each, every 0.05 s, then a long wait
+    assert metrics.first_starved_chunk([(0.0, 0.1), (0.05, 0.1), (0.1, 0.1), (0.9, 0.1)]) == 3
+    assert metrics.first_starved_chunk([(0.1 + 0.05 * i, 0.1) for i in range(10)]) is None
+    assert metrics.first_starved_chunk([]) is None
+
+
 def _record(i, level="c2", ok=True, ttfab=100.0, e2e=1000.0, audio=2.0, underrun=0.0, session=0, t0=0.0,
-            error=None, warmup=False):
+            error=None, warmup=False, chunk=None):
     return {"id": f"custom/short/{level}/{i}", "task": "custom", "set": "short", "level": level,
             "mode": "concurrency", "concurrency": int(level[1:]), "rate": None, "warmup": warmup,
             "session": session, "ok": ok, "error": error, "t_start": t0, "ttfab_ms": ttfab,
             "e2e_ms": e2e, "audio_s": audio if ok else None, "rtf": e2e / 1000 / audio if ok else None,
-            "underrun_s": underrun, "max_gap_ms": 50.0}
+            "underrun_s": underrun, "max_gap_ms": 50.0, "underrun_chunk": chunk}
 
 
 def test_summarize_row():
@@ -49,6 +58,8 @@ def test_summarize_row():
     records = [_record(i, ttfab=t, t0=i * 0.5, underrun=0.1 if i == 1 else 0.0) for i, t in enumerate(ttfabs)]
     records.append(_record(9, ok=False, error="http_500", ttfab=None, e2e=5.0, t0=0.2))
     records.append(_record(0, warmup=True, ttfab=9999.0, t0=-10.0))
+    for r in records:  # records written before underrun_chunk existed
+        del r["underrun_chunk"]
     (row,) = metrics.summarize(records, metrics.SLO(ttfab_ms=200.0, underrun_s=0.0))
     assert row["completed"] == 5 and row["failed"] == 1 and row["errors"] == {"http_500": 1}
     # first send 0.0 (warmup excluded), last end 2.0 + 1.0
@@ -65,6 +76,18 @@ def test_summarize_row():
     assert row["ttfab_ms_p99"] == pytest.approx(np.percentile(ttfabs, 99))
     assert row["ttfab_ms_max"] == 400.0
     assert row["underrun_s_max"] == pytest.approx(0.1)
+    assert row["starved"] == 1 and row["starved_at_chunk"] == {}  # without underrun_chunk: counted alone
+
+
+def test_a_levels_starved_requests_by_the_chunk_that_came_late():
+    records = [_record(0, underrun=0.05, chunk=1), _record(1, underrun=0.02, chunk=1),
+               _record(2, underrun=0.1, chunk=3), _record(3),
+               _record(4, ok=False, error="timeout", underrun=0.3, chunk=2)]  # a failed one: not counted
+    (row,) = metrics.summarize(records, metrics.SLO())
+    assert row["starved"] == 3 and row["starved_at_chunk"] == {"1": 2, "3": 1}
+    assert metrics.rows_frame([row])["starved_at_chunk"][0] == '{"1": 2, "3": 1}'  # summary.csv: a JSON cell
+    (clean,) = metrics.summarize([_record(0), _record(1)], metrics.SLO())
+    assert clean["starved"] == 0 and clean["starved_at_chunk"] == {}
 
 
 def test_summarize_resumed_level_does_not_count_the_pause():

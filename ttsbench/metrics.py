@@ -52,6 +52,16 @@ def underrun(chunks: list[tuple[float, float]], buffer_s: float = 0.0) -> tuple[
     return sum(gaps), max(gaps, default=0.0)
 
 
+def first_starved_chunk(chunks: list[tuple[float, float]]) -> int | None:
+    """Index of the first chunk that came after the player of `stalls` (no start-up buffer) had run dry: which
+    step of a server's chunk schedule was late (a second chunk: the first chunk's audio too short for the next to
+    be ready). None when playback never starved."""
+    starved = stalls(chunks)
+    if not starved:
+        return None
+    return next(i for i, (t, _) in enumerate(chunks) if t == starved[0][1])
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 3)
 
@@ -86,6 +96,7 @@ def request_figures(raw: RawResponse, dec: Decoded, playback_buffer_s: float = 0
         "underrun_s": round(total, 6) if chunks else None,
         "underrun_max_s": round(worst, 6) if chunks else None,
         "underrun_buffered_s": round(buffered, 6) if chunks else None,
+        "underrun_chunk": first_starved_chunk(arrivals),
     }
 
 
@@ -140,6 +151,17 @@ def _full_load(group: pd.DataFrame) -> dict:
     return fields
 
 
+def _starved(ok: pd.DataFrame) -> dict:
+    """How many completed requests' playback starved, and at which chunk each first did (index -> requests;
+    records from before `underrun_chunk` give their count alone)."""
+    if ok.empty or "underrun_s" not in ok:
+        return {"starved": 0, "starved_at_chunk": {}}
+    starved = ok[pd.to_numeric(ok["underrun_s"], errors="coerce").fillna(0.0) > 0]
+    at = starved["underrun_chunk"].dropna().astype(int) if "underrun_chunk" in starved else pd.Series(dtype=int)
+    return {"starved": int(len(starved)),
+            "starved_at_chunk": {str(k): int(v) for k, v in sorted(at.value_counts().items())}}
+
+
 def _none(value):
     return None if value is None or pd.isna(value) else float(value)
 
@@ -170,6 +192,7 @@ def summarize(records: list[dict], slo: SLO) -> list[dict]:
             "total_audio_s": round(total_audio, 6),
             **_full_load(group),
             "goodput": round(float(group.apply(_meets, axis=1, slo=slo).mean()), 6),
+            **_starved(ok),
         }
         for metric in STAT_METRICS:
             values = pd.to_numeric(ok[metric], errors="coerce").dropna() if len(ok) else pd.Series(dtype=float)
@@ -185,8 +208,9 @@ def summarize(records: list[dict], slo: SLO) -> list[dict]:
 
 
 def rows_frame(rows: list[dict]) -> pd.DataFrame:
-    """summary.csv's table: the rows, with `errors` as a JSON cell."""
+    """summary.csv's table: the rows, with `errors` and `starved_at_chunk` as JSON cells."""
     df = pd.DataFrame(rows)
-    if "errors" in df:
-        df["errors"] = df["errors"].map(lambda e: json.dumps(e, sort_keys=True))
+    for column in ("errors", "starved_at_chunk"):
+        if column in df:
+            df[column] = df[column].map(lambda e: json.dumps(e, sort_keys=True))
     return df

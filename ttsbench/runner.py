@@ -319,17 +319,18 @@ def summary_table(rows: list[dict]) -> Table:
     """The end-of-run table; print it with `print_summary` so it is not squeezed in a pipe."""
     table = Table(title="ttsbench summary")
     for name in ("task/set/level", "ok", "fail", "req/s", "audio xRT", "full-load xRT", "TTFAB p50", "TTFAB p99",
-                 "E2E p50", "RTF p50", "underrun p99", "goodput"):
+                 "E2E p50", "RTF p50", "underrun p99", "starved", "goodput"):
         table.add_column(name, justify="left" if name == "task/set/level" else "right", no_wrap=True)
     for r in rows:
         table.add_row(f"{r['task']}/{r['set']}/{r['level']}", str(r["completed"]), str(r["failed"]),
                       _fmt(r["request_throughput"], 2), _fmt(r["audio_throughput"], 2),
                       _fmt(r.get("full_load_audio_throughput"), 2),
                       _fmt(r["ttfab_ms_median"]), _fmt(r["ttfab_ms_p99"]), _fmt(r["e2e_ms_median"]),
-                      _fmt(r["rtf_median"], 3), _fmt(r["underrun_s_p99"], 3),
+                      _fmt(r["rtf_median"], 3), _fmt(r["underrun_s_p99"], 3), str(r.get("starved", "-")),
                       f"{r['goodput'] * 100:.0f}%")
     table.caption = ("times in ms, underrun in s; xRT: audio seconds per second (full-load: while every concurrent "
-                     "request was in flight); goodput: share of requests meeting the SLO")
+                     "request was in flight); starved: completed requests whose playback ran dry; goodput: share "
+                     "of requests meeting the SLO")
     return table
 
 

@@ -23,6 +23,8 @@ SUMMARY_FIGURES: list[tuple[str, str, str, str | None]] = [
     ("full_load_ttfab_ms_median", "full-load TTFAB ms median", "ms", "lower"),
     ("full_load_ttfab_ms_p95", "full-load TTFAB ms p95", "ms", "lower"),
     ("goodput", "goodput (share meeting SLO)", "pct", "higher"),
+    ("starved", "starved requests (playback ran dry)", "int", "lower"),
+    ("starved_at_chunk", "starved at chunk (index: requests)", "counts", None),
 ] + [(f"{m}_{d}", f"{label} {d}", fmt, "lower") for m, label, fmt in _DIST_METRICS for d in _DIST]
 
 # WER is per word, or per character for Chinese, Japanese and Korean (CER), as each clip's `unit` says.

@@ -96,8 +96,9 @@ def validate_summary(summary: dict, source: Path) -> dict:
             raise RunDirError(f"{source}: rows[{i}] repeats {'/'.join(ident)}")
         seen.add(ident)
         _check_numbers(row, f"{source}: rows[{i}] ({'/'.join(ident)})", SUMMARY_NUMERIC)
-        if not isinstance(row.get("errors", {}), (dict, type(None))):
-            raise RunDirError(f"{source}: rows[{i}] 'errors' must be an object of counts")
+        for key in ("errors", "starved_at_chunk"):
+            if not isinstance(row.get(key, {}), (dict, type(None))):
+                raise RunDirError(f"{source}: rows[{i}] '{key}' must be an object of counts")
     quality = summary.get("quality", [])
     if quality is None:
         quality = summary["quality"] = []
