@@ -151,7 +151,8 @@ def f(key, fmt="{:.1f}"):
     return "-" if r.get(key) is None else fmt.format(r[key])
 print(f"  {r['task']:6s} {r['set']:5s} c={r['concurrency']:<3d} ok {r['completed']:3d} fail {r['failed']:2d} "
       f"ttfab p50 {f('ttfab_ms_median')} p95 {f('ttfab_ms_p95')} ms  rtf p50 {f('rtf_median', '{:.3f}')}  "
-      f"audio/s {f('audio_throughput')}  underrun p95 {f('underrun_s_p95', '{:.3f}')} s  errors {r.get('errors')}")
+      f"audio/s {f('audio_throughput')}  underrun p95 {f('underrun_s_p95', '{:.3f}')} s  "
+      f"starved {r.get('starved', '-')} {r.get('starved_at_chunk') or ''} errors {r.get('errors')}")
 EOF
           curl -s localhost:8091/metrics > "$WORK/metrics-after.txt"
           if [ -n "$spy" ]; then
