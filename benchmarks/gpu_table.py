@@ -88,15 +88,12 @@ def main() -> None:
             from serving.engine.engine import PHASES
 
             names = tuple(PHASES)
-            events = ("slot_moves",)
-            print("| run | " + " | ".join(names) + " | codec padding (rows + lengths) | " + " | ".join(events) + " |")
-            print("|---" * (len(names) + 2 + len(events)) + "|")
+            print("| run | " + " | ".join(names) + " | codec padding (rows + lengths) | slot_moves |")
+            print("|---" * (len(names) + 3) + "|")
             for label, phases in phased:
-                counted = phases.get("events", {})
                 print(f"| {label} | " + " | ".join(f"{phases[n]['mean_ms']:.1f} ({phases[n]['count']})" if n in phases
                                                    else "-" for n in names)
-                      + f" | {padding(phases.get('codec_frames'))} | "
-                      + " | ".join(str(counted[e]) if e in counted else "-" for e in events) + " |")
+                      + f" | {padding(phases.get('codec_frames'))} | {phases.get('events', {}).get('slot_moves', '-')} |")
             print()
     peers = sorted(out.glob("peer-*.json"))
     if peers:
