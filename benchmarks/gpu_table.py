@@ -88,12 +88,15 @@ def main() -> None:
             from serving.engine.engine import PHASES
 
             names = tuple(PHASES)
-            print("| run | " + " | ".join(names) + " | codec padding (rows + lengths) | slot_moves |")
-            print("|---" * (len(names) + 3) + "|")
+            events = ("slot_moves", "codec_calls_split")
+            print("| run | " + " | ".join(names) + " | codec padding (rows + lengths) | " + " | ".join(events) + " |")
+            print("|---" * (len(names) + 2 + len(events)) + "|")
             for label, phases in phased:
+                counted = phases.get("events", {})
                 print(f"| {label} | " + " | ".join(f"{phases[n]['mean_ms']:.1f} ({phases[n]['count']})" if n in phases
                                                    else "-" for n in names)
-                      + f" | {padding(phases.get('codec_frames'))} | {phases.get('events', {}).get('slot_moves', '-')} |")
+                      + f" | {padding(phases.get('codec_frames'))} | "
+                      + " | ".join(str(counted[e]) if e in counted else "-" for e in events) + " |")
             print()
     peers = sorted(out.glob("peer-*.json"))
     if peers:

@@ -24,7 +24,7 @@ from typing import Callable, TypeVar
 import numpy as np
 import torch
 
-from serving.engine.codec_graphs import CodecGraphReport, CodecGraphs, PrimeGraphs, pad_rows, run_step
+from serving.engine.codec_graphs import CodecGraphReport, CodecGraphs, PrimeGraphs, pad_rows, run_step, split_call
 from serving.engine.cuda_graphs import wait_sleeping
 from serving.engine.lru import LRU
 from serving.model.codec_stream import IncrementalCodecDecoder, next_chunk_frames
@@ -145,17 +145,22 @@ def next_batch(ready: list[T], limit: int, codec: Callable[[T], CodecStream], no
     return [], min(oldest + wait, needed_by(codec(order[0]), wait) - 2 * wait)
 
 
-def landing(flat: torch.Tensor | None, rows: int, samples: int,
-            allocate: Callable[[int], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(buffer, a contiguous (rows, samples) view of its start) for a codec call's waveforms, the flat buffer grown
-    by `allocate` to the largest call seen. Contiguous because torch copies into a strided CPU target through a
-    pageable temporary, and a copy from the GPU into pageable memory blocks the host until the stream is done: a
-    (rows, samples) corner of a 2-D buffer was strided for every call shorter than the longest seen, so the codec
-    thread sat in a blocking copy through the whole call (H100, short text at 128 streams: 2.7 ms per call,
-    py-spy, docs/performance.md twenty-third pass)."""
-    if flat is None or flat.numel() < rows * samples:
-        flat = allocate(rows * samples)
-    return flat, flat[: rows * samples].view(rows, samples)
+def landing(flat: torch.Tensor | None, shapes: list[tuple[int, int]],
+            allocate: Callable[[int], torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(buffer, one contiguous (rows, samples) view per shape, one after another from its start) for a codec call's
+    waveforms (one shape per replay), the flat buffer grown by `allocate` to the largest call seen. Contiguous
+    because torch copies into a strided CPU target through a pageable temporary, and a copy from the GPU into
+    pageable memory blocks the host until the stream is done: a (rows, samples) corner of a 2-D buffer was strided
+    for every call shorter than the longest seen, so the codec thread sat in a blocking copy through the whole call
+    (H100, short text at 128 streams: 2.7 ms per call, py-spy, docs/performance.md twenty-third pass)."""
+    total = sum(rows * samples for rows, samples in shapes)
+    if flat is None or flat.numel() < total:
+        flat = allocate(total)
+    views, start = [], 0
+    for rows, samples in shapes:
+        views.append(flat[start : start + rows * samples].view(rows, samples))
+        start += rows * samples
+    return flat, views
 
 
 def call_frames(lengths: list[int], shape: tuple[int, int] | None) -> tuple[int, int, int]:
@@ -205,6 +210,7 @@ class CodecRunner:
         # Frames served since warm-up, and frames computed for them: a call runs the cheapest captured shape that
         # covers its rows and its longest chunk, so the two differ by the padding (/metrics)
         self.frames_decoded = self.frames_computed = self.frames_padding_rows = 0
+        self.calls_split = 0  # calls run as two replays by chunk length (split_call)
 
     @property
     def num_slots(self) -> int:
@@ -236,6 +242,9 @@ class CodecRunner:
              "codec_slots": self.num_slots, "codec_vocoder_kernels": self.vocoder_kernels,
              "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
         report = self.graph_report or CodecGraphReport((), (), 0, self.graph_budget_bytes)
+        if self.graphs is not None and self.graphs.replay_ms:
+            d["codec_graph_replay_ms"] = {f"{b}x{f}": round(ms, 3)
+                                          for (b, f), ms in sorted(self.graphs.replay_ms.items())}
         return d | report.describe() | (self.prime_graphs.describe() if self.prime_graphs is not None else {})
 
     @torch.inference_mode()
@@ -247,19 +256,28 @@ class CodecRunner:
         rows = [(c.slot, c.codes, c.first and c.prime is None) for c in chunks]
         self._check(rows)
         lengths = [len(c.codes) for c in chunks]
-        frames = max(lengths)
-        bucket = self.graphs.covering(len(rows), frames) if self.graphs is not None else None
-        decoded, computed, padding_rows = call_frames(lengths, bucket)
-        self.frames_decoded += decoded
-        self.frames_computed += computed
-        self.frames_padding_rows += padding_rows
-        if bucket is not None:
-            wav = self.graphs.replay(bucket, *pad_rows(rows, *bucket, self.pool.scratch_slot, self.num_quantizers))
-        else:
-            codes, meta = pad_rows(rows, len(rows), frames, self.pool.scratch_slot, self.num_quantizers)
-            wav = run_step(self.pool, codes.to(self.device), meta.to(self.device))
-        host = self._to_host(wav[: len(rows), : frames * self.samples_per_frame])
-        return [host[i, : n * self.samples_per_frame].copy() for i, n in enumerate(lengths)]
+        groups = (split_call(lengths, self.graphs.covering, self.graphs.replay_ms) if self.graphs is not None
+                  else [(list(range(len(rows))), None)])
+        self.calls_split += len(groups) > 1
+        wavs = []
+        for index, bucket in groups:
+            part = [rows[i] for i in index]
+            frames = max(lengths[i] for i in index)
+            decoded, computed, padding_rows = call_frames([lengths[i] for i in index], bucket)
+            self.frames_decoded += decoded
+            self.frames_computed += computed
+            self.frames_padding_rows += padding_rows
+            if bucket is not None:
+                wav = self.graphs.replay(bucket, *pad_rows(part, *bucket, self.pool.scratch_slot, self.num_quantizers))
+            else:
+                codes, meta = pad_rows(part, len(part), frames, self.pool.scratch_slot, self.num_quantizers)
+                wav = run_step(self.pool, codes.to(self.device), meta.to(self.device))
+            wavs.append(wav[: len(part), : frames * self.samples_per_frame])
+        out = [None] * len(chunks)
+        for (index, _), host in zip(groups, self._to_host(wavs)):
+            for row, i in enumerate(index):
+                out[i] = host[row, : lengths[i] * self.samples_per_frame].copy()
+        return out
 
     def _prime(self, chunks: list[CodecChunk]) -> None:
         """Prime each chunk's slot with its reference codes. The state priming leaves depends on those codes
@@ -286,17 +304,18 @@ class CodecRunner:
             restored += [(c.slot, state) for c in same[1:]]
         self.pool.restore([slot for slot, _ in restored], [state for _, state in restored])
 
-    def _to_host(self, wav: torch.Tensor) -> np.ndarray:
-        """The call's waveforms on the host, as float32. On a GPU: one asynchronous copy into a pinned buffer and
-        a polling wait that sleeps (cuda_graphs.wait_sleeping, as the talker's); a pageable copy of 64 x 25 frames
-        took 7 ms on an H100 (docs/performance.md)."""
+    def _to_host(self, wavs: list[torch.Tensor]) -> list[np.ndarray]:
+        """A call's waveforms (one tensor per group of rows) on the host, as float32. On a GPU: asynchronous
+        copies into one pinned buffer and one polling wait that sleeps (cuda_graphs.wait_sleeping, as the
+        talker's); a pageable copy of 64 x 25 frames took 7 ms on an H100 (docs/performance.md)."""
         if self._copied is None:
-            return wav.float().numpy()
-        self._host, out = landing(self._host, *wav.shape, lambda n: torch.empty(n, dtype=torch.float32,
-                                                                                pin_memory=True))
-        out.copy_(wav, non_blocking=True)
+            return [wav.float().numpy() for wav in wavs]
+        self._host, out = landing(self._host, [tuple(w.shape) for w in wavs],
+                                  lambda n: torch.empty(n, dtype=torch.float32, pin_memory=True))
+        for view, wav in zip(out, wavs):
+            view.copy_(wav, non_blocking=True)
         wait_sleeping(self._copied)
-        return out.numpy()
+        return [view.numpy() for view in out]
 
     def _check(self, rows: list[tuple[int, np.ndarray, bool]]) -> None:
         """Clear errors on the host for what would be a device assert or a corrupted slot on the GPU."""
@@ -336,4 +355,4 @@ class CodecRunner:
                 torch.backends.cudnn.benchmark = previous
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.frames_decoded = self.frames_computed = self.frames_padding_rows = 0
+        self.frames_decoded = self.frames_computed = self.frames_padding_rows = self.calls_split = 0
