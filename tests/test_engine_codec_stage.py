@@ -285,3 +285,24 @@ def test_a_reused_slot_starts_afresh(runner, decoder):
     stream_through(runner, new_stream(), codes(9, 11))
     frames = codes(9, 12)
     assert np.abs(stream_through(runner, new_stream(2, 3), frames) - one_shot(decoder, frames)).max() < 1e-4
+
+
+PRIMED = CodecChunk(0, codes(2, 0), True, prime=codes(4, 9))
+
+
+@pytest.mark.parametrize("chunks, message", [
+    ([PRIMED, CodecChunk(0, codes(2, 1), True)], "slots must be distinct"),
+    ([CodecChunk(3, codes(2, 0), True)], r"slots must be distinct and in \[0, 3\)"),
+    ([PRIMED, CodecChunk(1, codes(0, 1), False)], "at least one frame"),
+    ([PRIMED, CodecChunk(1, codes(2, 1)[:, :15], False)], r"\(batch, frames, 16\)"),
+    ([PRIMED, CodecChunk(1, codes(2, 1).astype(np.float32), False)], "integers"),
+    # one pass checks every chunk's codes: the bad code sits in the last chunk, below or above the codebook
+    ([PRIMED, CodecChunk(1, np.full((3, Q), -1), False)], r"must lie in \[0, 2048\)"),
+    ([PRIMED, CodecChunk(2, np.full((1, Q), 2048), False)], r"must lie in \[0, 2048\)"),
+])
+def test_a_call_with_a_bad_chunk_is_refused_before_any_slot_changes(runner, chunks, message):
+    """Checked before the first chunk's priming would write slot 0."""
+    before = [t.clone() for t in runner.pool.snapshot(0)]
+    with pytest.raises(ValueError, match=message):
+        runner.decode(chunks)
+    assert all(torch.equal(a, b) for a, b in zip(before, runner.pool.snapshot(0)))

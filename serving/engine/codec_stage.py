@@ -252,9 +252,9 @@ class CodecRunner:
         """One float32 waveform per chunk: its new frames' samples."""
         if not chunks:
             return []
+        self.pool.check_chunks([c.slot for c in chunks], [torch.from_numpy(c.codes) for c in chunks])
         self._prime([c for c in chunks if c.prime is not None])
         rows = [(c.slot, c.codes, c.first and c.prime is None) for c in chunks]
-        self._check(rows)
         lengths = [len(c.codes) for c in chunks]
         groups = (split_call(lengths, self.graphs.covering, self.graphs.replay_ms) if self.graphs is not None
                   else [(list(range(len(rows))), None)])
@@ -316,16 +316,6 @@ class CodecRunner:
             view.copy_(wav, non_blocking=True)
         wait_sleeping(self._copied)
         return [view.numpy() for view in out]
-
-    def _check(self, rows: list[tuple[int, np.ndarray, bool]]) -> None:
-        """Clear errors on the host for what would be a device assert or a corrupted slot on the GPU."""
-        slots = [slot for slot, _, _ in rows]
-        if len(set(slots)) != len(slots) or not all(0 <= s < self.num_slots for s in slots):
-            raise ValueError(f"slots must be distinct and in [0, {self.num_slots}), got {slots}")
-        for _, codes, _ in rows:
-            if len(codes) < 1:
-                raise ValueError("every chunk needs at least one frame")
-            self.pool.decoder.check_codes(torch.from_numpy(codes)[None])
 
     def warmup(self, frame_counts: tuple[int, ...], prime_frames: int = 0) -> None:
         """Decode silence at the chunk sizes streams use (allocations, kernel selection), prime at the shapes of
