@@ -260,12 +260,17 @@ class CodecGraphs:
     @torch.inference_mode()
     def replay(self, bucket: Bucket, codes_btq: torch.Tensor, meta_3b: torch.Tensor) -> torch.Tensor:
         """Copy a padded batch (host tensors of the bucket's shapes) into the bucket's static inputs and run its
-        graph (on a CPU, the captured function eagerly). The output is the graph's: read it before the next call."""
+        graph (on a CPU, the captured function eagerly). The output is the graph's: read it before the next call.
+        On CUDA the inputs go through pinned memory without waiting: a copy from pageable memory waits for the
+        stream, so a split call's second replay held the codec thread in a blocking CUDA wait until the first
+        was done (py-spy, docs/performance.md, twenty-fourth pass), and blocking waits slow the talker's launches."""
         codes, meta = self.static[bucket]
+        if self.frame_graphs is not None:
+            codes.copy_(codes_btq.pin_memory(), non_blocking=True)
+            meta.copy_(meta_3b.pin_memory(), non_blocking=True)
+            return self.frame_graphs.replay(*bucket)[0]
         codes.copy_(codes_btq)
         meta.copy_(meta_3b)
-        if self.frame_graphs is not None:
-            return self.frame_graphs.replay(*bucket)[0]
         return self._captured(*bucket)[0]
 
 
