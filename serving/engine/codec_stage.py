@@ -203,7 +203,7 @@ class CodecRunner:
         self.graphs = CodecGraphs(self.pool, list(graph_buckets), num_quantizers, device) if graph_buckets else None
         self.graph_budget_bytes = graph_budget_bytes
         self.vocoder_kernels = vocoder_kernels(decoder, device)
-        self._host: torch.Tensor | None = None  # flat pinned landing buffer of the waveforms (GPU only, see landing)
+        self._host: torch.Tensor | None = None  # flat landing buffer of the waveforms (pinned on a GPU, see landing)
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
         self._primed = LRU(primed_cache_size)  # reference codes' hash -> the state priming leaves
         self.prime_graphs: PrimeGraphs | None = None  # made at warm-up for voice clone models (see warmup)
@@ -259,10 +259,12 @@ class CodecRunner:
         groups = (split_call(lengths, self.graphs.covering, self.graphs.replay_ms) if self.graphs is not None
                   else [(list(range(len(rows))), None)])
         self.calls_split += len(groups) > 1
-        wavs = []
-        for index, bucket in groups:
+        spf = self.samples_per_frame
+        shapes = [(len(index), max(lengths[i] for i in index) * spf) for index, _ in groups]
+        self._host, host = landing(self._host, shapes, self._allocate)
+        for (index, bucket), view in zip(groups, host):
             part = [rows[i] for i in index]
-            frames = max(lengths[i] for i in index)
+            frames = view.shape[1] // spf
             decoded, computed, padding_rows = call_frames([lengths[i] for i in index], bucket)
             self.frames_decoded += decoded
             self.frames_computed += computed
@@ -272,11 +274,15 @@ class CodecRunner:
             else:
                 codes, meta = pad_rows(part, len(part), frames, self.pool.scratch_slot, self.num_quantizers)
                 wav = run_step(self.pool, codes.to(self.device), meta.to(self.device))
-            wavs.append(wav[: len(part), : frames * self.samples_per_frame])
+            # queued before the next replay: the graphs share one memory pool, so a later replay may overwrite this
+            # one's output (on an H100 a split call's shorter chunks came back as another graph's numbers)
+            view.copy_(wav[: len(part), : frames * spf], non_blocking=self._copied is not None)
+        if self._copied is not None:
+            wait_sleeping(self._copied)
         out = [None] * len(chunks)
-        for (index, _), host in zip(groups, self._to_host(wavs)):
+        for (index, _), view in zip(groups, host):
             for row, i in enumerate(index):
-                out[i] = host[row, : lengths[i] * self.samples_per_frame].copy()
+                out[i] = view[row, : lengths[i] * spf].numpy().copy()
         return out
 
     def _prime(self, chunks: list[CodecChunk]) -> None:
@@ -304,18 +310,11 @@ class CodecRunner:
             restored += [(c.slot, state) for c in same[1:]]
         self.pool.restore([slot for slot, _ in restored], [state for _, state in restored])
 
-    def _to_host(self, wavs: list[torch.Tensor]) -> list[np.ndarray]:
-        """A call's waveforms (one tensor per group of rows) on the host, as float32. On a GPU: asynchronous
-        copies into one pinned buffer and one polling wait that sleeps (cuda_graphs.wait_sleeping, as the
-        talker's); a pageable copy of 64 x 25 frames took 7 ms on an H100 (docs/performance.md)."""
-        if self._copied is None:
-            return [wav.float().numpy() for wav in wavs]
-        self._host, out = landing(self._host, [tuple(w.shape) for w in wavs],
-                                  lambda n: torch.empty(n, dtype=torch.float32, pin_memory=True))
-        for view, wav in zip(out, wavs):
-            view.copy_(wav, non_blocking=True)
-        wait_sleeping(self._copied)
-        return [view.numpy() for view in out]
+    def _allocate(self, n: int) -> torch.Tensor:
+        """The waveforms' landing buffer (see landing): on a GPU pinned, so that the copies are asynchronous and one
+        polling wait that sleeps (cuda_graphs.wait_sleeping, as the talker's) covers them; a pageable copy of 64 x
+        25 frames took 7 ms on an H100 (docs/performance.md)."""
+        return torch.empty(n, dtype=torch.float32, pin_memory=self._copied is not None)
 
     def warmup(self, frame_counts: tuple[int, ...], prime_frames: int = 0) -> None:
         """Decode silence at the chunk sizes streams use (allocations, kernel selection), prime at the shapes of
