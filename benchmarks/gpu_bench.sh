@@ -6,7 +6,9 @@
 #   env     versions, GPU, which of our dependencies import
 #   decode  benchmarks/decode_bench.py: ms per frame by batch size (eager / graphs / compiled + graphs) vs the
 #           HBM floor, and per-kernel profiles of eager steps
-#   codec   benchmarks/codec_graph_bench.py: codec call time per (batch, frames) bucket, eager vs CUDA graph, and
+#   codec   benchmarks/codec_graph_check.py first (the graph runner's samples and states against the eager
+#           runner's, calls split by chunk length and whole: codec-graph-check.txt), then
+#           benchmarks/codec_graph_bench.py: codec call time per (batch, frames) bucket, eager vs CUDA graph, and
 #           each graph's memory, for each of CODEC_DTYPES (float32 bfloat16): the numbers --codec-dtype and
 #           --codec-graph-memory-gb need
 #   serve   `ttsbench serve` on a random checkpoint written by serving/model/checkpoint.py (--ignore-eos, text
@@ -104,6 +106,11 @@ EOF
       --profile "$OUT/profile.txt" ${DECODE_ARGS:-} 2>&1 | grep --line-buffered -v "^W[0-9]" | tee "$OUT/decode.log"
     ;;
   codec)
+    say "codec graphs against eager"
+    for split in "" --no-split; do
+      python3 benchmarks/codec_graph_check.py $split 2>&1 | grep -v "^W[0-9]" | tail -1 \
+        | tee -a "$OUT/codec-graph-check.txt"
+    done
     for dt in ${CODEC_DTYPES:-float32 bfloat16}; do
       say "codec graphs ($dt)"
       python3 benchmarks/codec_graph_bench.py --device cuda --dtype "$dt" --json "$OUT/codec-graphs-$dt.json" \

@@ -295,8 +295,8 @@ class IncrementalCodecDecoder:
     def check_chunks(self, slots: list[int], rows: list[torch.Tensor]) -> None:
         """Clear errors on the host for what would be a device assert or a corrupted slot on the GPU: distinct
         slots in range, each chunk's codes (frames, Q) with at least one frame, all in the codebook. The codes are
-        checked together, in one pass: a pass per chunk took ~4 ms of a 64-chunk codec call's host time on an
-        H100 host beside the talker's thread (py-spy, docs/performance.md, twenty-fourth pass)."""
+        checked together, in one pass: a pass per chunk took ~4 ms of each codec call's host time at 128 streams
+        of short text on an H100 host (py-spy, docs/performance.md, twenty-fourth pass)."""
         if len(set(slots)) != len(slots) or not all(0 <= s < self.num_slots for s in slots):
             raise ValueError(f"slots must be distinct and in [0, {self.num_slots}), got {slots}")
         q = self.decoder.config.num_quantizers
