@@ -294,7 +294,7 @@ def test_a_call_splits_by_chunk_length_where_the_measured_replays_say_it_is_quic
     assert split_call([25, 2, 2, 25, 2], covering, {}) == [([0, 1, 2, 3, 4], (8, 25))]  # not timed (CPU)
     assert split_call([25, 25, 25], covering, per_frame) == [([0, 1, 2], (4, 25))]  # one length: nothing to split
     assert split_call([2] * 9, covering, per_frame) == [(list(range(9)), None)]  # beyond every bucket: eager
-    # two groups never share a bucket: the second replay would overwrite the first's output before it is read
+    # two groups never share a bucket: one shape twice is not tried
     same = [(4, 25), (8, 25)]
     assert split_call([2, 2, 25, 25, 25], lambda r, f: cover(same, r, f), {(4, 25): 1.0, (8, 25): 10.0}) == [
         ([0, 1, 2, 3, 4], (8, 25))]

@@ -95,8 +95,8 @@ def split_call(lengths: list[int], covering: Callable[[int, int], Bucket | None]
     replay times say it is quicker, two: the shorter chunks through a bucket of their length and the longer ones
     through theirs. A call pads every chunk to its longest, and streams mix lengths (first chunks of 2 frames,
     then 4, 8, 16 and 25, and each stream's last): at 128 streams of short text 39% of the frames the codec
-    computed were that padding (H100, docs/performance.md). Splits are tried where the length changes, the two
-    buckets must differ (each replay writes its graph's own output) and both must have been timed."""
+    computed were that padding (H100, docs/performance.md). Splits are tried where the length changes, into two
+    different buckets (one shape twice is not tried), both timed."""
     whole = (list(range(len(lengths))), covering(len(lengths), max(lengths)))
     if whole[1] not in replay_ms:
         return [whole]
