@@ -30,10 +30,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from serving.engine.codec_graphs import make_frame_buckets
-from serving.engine.codec_stage import CodecChunk, CodecRunner
-from serving.model.codec_config import released_codec_config, tiny_codec_config
-from serving.model.codec_decoder import CodecDecoder, init_random_
+from benchmarks.codec_graph_bench import random_decoder  # noqa: E402
+from serving.engine.codec_graphs import make_frame_buckets  # noqa: E402
+from serving.engine.codec_stage import CodecChunk, CodecRunner  # noqa: E402
+from serving.model.codec_config import released_codec_config, tiny_codec_config  # noqa: E402
 
 PLAN = (2, 4, 8, 16, 25)  # the served schedule's chunk sizes (first chunk 2, steady 25)
 
@@ -72,9 +72,7 @@ def main() -> int:
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     cfg = (released_codec_config() if args.released else tiny_codec_config()).decoder
-    decoder = CodecDecoder(cfg)
-    init_random_(decoder, torch.Generator().manual_seed(0))
-    decoder = decoder.eval().to(device, dtype)
+    decoder = random_decoder(cfg).to(device, dtype)
     eager_decoder = copy.deepcopy(decoder)  # before either runner installs its kernels into its decoder
     q = cfg.num_quantizers
     buckets = tuple((b, f) for b in map(int, args.batches.split(",")) for f in make_frame_buckets(PLAN[0], PLAN[-1]))
