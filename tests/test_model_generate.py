@@ -206,6 +206,50 @@ def test_prompt_pieces_are_memoised_until_the_weights_change(tmp_path):
     assert not torch.allclose(changed, first) and torch.equal(changed, fresh.build(req).prefill)
 
 
+def test_a_tabulated_vocabulary_builds_the_projections_prompts(cv, base, monkeypatch):
+    """With the text vocabulary projected once (tabulate_text, as a server on CUDA does), a burst's prompts take
+    their text as rows of the table, with no projection per burst, and equal the prompts projected per burst to
+    float32's last bits (a product's summation order follows its row count); weights changed in place rebuild
+    the table."""
+    xvec = torch.randn(base.cfg.talker.transformer.hidden_size)
+    codes = torch.randint(0, 64, (5, base.cfg.talker.num_code_groups))
+    for tts, reqs in (
+        (cv, [SynthesisRequest(text="Hello there!", task="custom_voice", speaker="serena", language="english"),
+              SynthesisRequest(text="Streamed, token by token.", task="custom_voice", speaker="vivian",
+                               language="auto", non_streaming_text=False)]),
+        (base, [SynthesisRequest(text="Cloned with a reference.", task="voice_clone", language="english",
+                                 speaker_embedding=xvec, ref_codes=codes, ref_text="The reference said this.")]),
+    ):
+        plain = type(tts.prompts)(tts.cfg, tts.model.talker, tts.prompts.tokenizer)
+        tabulated = type(tts.prompts)(tts.cfg, tts.model.talker, tts.prompts.tokenizer)
+        tabulated.tabulate_text()
+        assert tabulated.text_table_bytes == 0  # built with the first prompts
+        expected = plain.build_many(reqs)
+        got = tabulated.build_many(reqs)
+        vocab = tts.model.talker.model.text_embedding.weight.shape[0]
+        assert tabulated.text_table_bytes == vocab * tts.cfg.talker.transformer.hidden_size * 4
+        close = dict(rtol=1e-5, atol=1e-6)
+        for a, b in zip(got, expected):
+            assert a.prefill.shape == b.prefill.shape and a.trailing.shape == b.trailing.shape
+            assert torch.allclose(a.prefill, b.prefill, **close) and torch.allclose(a.trailing, b.trailing, **close)
+            assert torch.allclose(a.tts_pad, b.tts_pad, **close)
+        projections = []
+        real = type(tts.model.talker.text_projection).forward
+        monkeypatch.setattr(type(tts.model.talker.text_projection), "forward",
+                            lambda self, x: projections.append(x.shape) or real(self, x))
+        tabulated.build_many(reqs)
+        assert projections == []
+        with torch.no_grad():
+            tts.model.talker.text_projection.linear_fc2.bias.add_(0.25)
+        changed = tabulated.build_many(reqs)
+        assert len(projections) > 0  # the table, projected again
+        monkeypatch.undo()
+        for a, b, before in zip(changed, plain.build_many(reqs), got):
+            assert torch.allclose(a.prefill, b.prefill, **close) and not torch.allclose(a.prefill, before.prefill)
+        with torch.no_grad():
+            tts.model.talker.text_projection.linear_fc2.bias.sub_(0.25)
+
+
 def test_a_voices_prompt_pieces_are_built_once_per_voice(base, monkeypatch):
     """A voice's x-vector and reference codes reach the device, its header is built and the codes' frames are
     embedded, once per distinct voice, not per request (a burst of clones of a few voices built them in lock step with the GPU); the

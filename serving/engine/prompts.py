@@ -31,12 +31,14 @@ class PromptBuilder:
         self.codec_encoder = codec_encoder
         self.device = device
         self.builder = TalkerPromptBuilder(model_cfg, model.talker, load_text_tokenizer(str(path)))
+        if device.type == "cuda":  # a burst's text is a gather, not kernels planned per shape (tabulate_text)
+            self.builder.tabulate_text()
         self.num_groups = model_cfg.talker.num_code_groups
 
     def tts_pad_embed(self) -> torch.Tensor:
         with torch.inference_mode():
             ids = torch.tensor([[self.cfg.tts_pad_token_id]], device=self.device)
-            return self.model.talker.embed_text(ids)[0, 0]
+            return self.builder.embed_text(ids)[0, 0]
 
     @torch.inference_mode()
     def build_many(self, requests: list[GenerationRequest], cached: Callable[[str | None, Callable[[], tuple]], tuple]

@@ -218,7 +218,7 @@ class TalkerRunner:
                 if self.prefill_graphs and self.prefill_graphs.graphs else 0,
                 "compiled_layers": self.compile_layers, "fused_code_predictor_rows": self.fused_cp_rows,
                 "fused_talker_rows": self.fused_talker_rows, "wide_code_predictor": self.wide_cp is not None,
-                "wide_talker_rows": self.wide_talker_rows,
+                "wide_talker_rows": self.wide_talker_rows, "text_table_bytes": self.prompts.builder.text_table_bytes,
                 "ignore_eos": self.ignore_eos,
                 "length_policy": self.length_policy if self.ignore_eos else None}
 
