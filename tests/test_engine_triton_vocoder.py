@@ -110,13 +110,16 @@ def test_fused_kernels_compute_the_reference_and_decode_the_same_audio():
 
 
 def test_the_codec_stage_installs_the_kernels_on_cuda_only():
-    from serving.engine.codec_stage import vocoder_kernels
+    from serving.engine.codec_stage import codec_kernels
     from serving.model.codec_config import tiny_codec_config
-    from serving.model.codec_decoder import (CausalConv1d, CausalConvTranspose1d, CodecDecoder, SnakeBeta,
-                                             snake_reference)
+    from serving.model.codec_decoder import (Attention, CausalConv1d, CausalConvTranspose1d, CodecDecoder, SnakeBeta,
+                                             TransformerNorm, rope_reference, snake_reference)
+    from serving.model.layers import rms_norm
 
     decoder = CodecDecoder(tiny_codec_config().decoder)
-    assert not vocoder_kernels(decoder, torch.device("cpu"))
+    assert not codec_kernels(decoder, torch.device("cpu"))
     assert all(m.kernel is snake_reference for m in decoder.modules() if isinstance(m, SnakeBeta))
+    assert all(m.kernel is rms_norm for m in decoder.modules() if isinstance(m, TransformerNorm))
+    assert all(m.rope is rope_reference for m in decoder.modules() if isinstance(m, Attention))
     assert all(m.product is None for m in decoder.modules()
                if isinstance(m, (CausalConv1d, CausalConvTranspose1d)))

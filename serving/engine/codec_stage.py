@@ -32,17 +32,19 @@ from serving.model.codec_stream import IncrementalCodecDecoder, next_chunk_frame
 T = TypeVar("T")
 
 
-def vocoder_kernels(decoder: torch.nn.Module, device: torch.device) -> bool:
-    """On CUDA, run the vocoder's convolutions and SnakeBetas as Triton kernels (triton_vocoder: window products
-    with the residual units' activations and additions in their epilogues, in place); elsewhere, or without
-    Triton, the torch reference stays. Returns whether the kernels are in."""
+def codec_kernels(decoder: torch.nn.Module, device: torch.device) -> bool:
+    """On CUDA, run the vocoder's convolutions and SnakeBetas (triton_vocoder: window products with the residual
+    units' activations and additions in their epilogues, in place) and the transformer's norms and rotary
+    (triton_codec_transformer) as Triton kernels; elsewhere, or without Triton, the torch reference stays.
+    Returns whether the kernels are in."""
     if device.type != "cuda":
         return False
     try:
-        from serving.engine import triton_vocoder
+        from serving.engine import triton_codec_transformer, triton_vocoder
     except ImportError:
         return False
-    return triton_vocoder.install(decoder)
+    vocoder = triton_vocoder.install(decoder)
+    return triton_codec_transformer.install(decoder) and vocoder
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,7 @@ class CodecRunner:
         self._free = list(range(num_slots - 1, -1, -1))
         self.graphs = CodecGraphs(self.pool, list(graph_buckets), num_quantizers, device) if graph_buckets else None
         self.graph_budget_bytes = graph_budget_bytes
-        self.vocoder_kernels = vocoder_kernels(decoder, device)
+        self.codec_kernels = codec_kernels(decoder, device)
         self._host: torch.Tensor | None = None  # flat landing buffer of the waveforms (pinned on a GPU, see landing)
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
         self._primed = LRU(primed_cache_size)  # reference codes' hash -> the state priming leaves
@@ -239,7 +241,7 @@ class CodecRunner:
         """The codec's side of the engine's configuration (GET /health): device, dtype, state, graphs."""
         param = next(self.pool.decoder.parameters())
         d = {"codec_device": str(param.device), "codec_dtype": str(param.dtype).removeprefix("torch."),
-             "codec_slots": self.num_slots, "codec_vocoder_kernels": self.vocoder_kernels,
+             "codec_slots": self.num_slots, "codec_kernels": self.codec_kernels,
              "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
         report = self.graph_report or CodecGraphReport((), (), 0, self.graph_budget_bytes)
         if self.graphs is not None and self.graphs.replay_ms:

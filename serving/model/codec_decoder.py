@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from serving.model.codec_config import CodecDecoderConfig
-from serving.model.layers import RMSNorm, rotate_half
+from serving.model.layers import RMSNorm, rms_norm, rotate_half
 
 
 def channels_innermost(x_bcl: torch.Tensor) -> bool:
@@ -312,7 +312,26 @@ def rope_tables(num_positions: int, head_dim: int, theta: float, device, dtype) 
     return emb_tk.cos().to(dtype), emb_tk.sin().to(dtype)
 
 
+class TransformerNorm(RMSNorm):
+    """The transformer's RMSNorm; `kernel` computes it: layers.rms_norm, or a fused kernel the engine installs
+    (serving/engine/triton_codec_transformer.py)."""
+
+    kernel = staticmethod(rms_norm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel(x, self.weight, self.eps)
+
+
+def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Split-half RoPE of x (..., T, head_dim) at the T positions of cos/sin (T, head_dim)."""
+    return x * cos + rotate_half(x) * sin
+
+
 class Attention(nn.Module):
+    """`rope` applies the rotary: rope_reference, or a fused kernel the engine installs."""
+
+    rope = staticmethod(rope_reference)
+
     def __init__(self, config: CodecDecoderConfig):
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -332,8 +351,8 @@ class Attention(nn.Module):
         k = self.k_proj(x_btc).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x_btc).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         k, v = frames.keys_values(self, k, v)
-        q = q * cos_mk[-t:] + rotate_half(q) * sin_mk[-t:]
-        k = k * cos_mk + rotate_half(k) * sin_mk
+        q = self.rope(q, cos_mk[-t:], sin_mk[-t:])
+        k = self.rope(k, cos_mk, sin_mk)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_b1tm,
                                              enable_gqa=self.num_kv_heads != self.num_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
@@ -355,8 +374,8 @@ class TransformerLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(config)
         self.mlp = MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = TransformerNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = TransformerNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn_layer_scale = LayerScale(config.hidden_size, config.layer_scale_initial_scale)
         self.mlp_layer_scale = LayerScale(config.hidden_size, config.layer_scale_initial_scale)
 
@@ -374,7 +393,7 @@ class Transformer(nn.Module):
         self.config = config
         self.input_proj = nn.Linear(config.latent_dim, config.hidden_size)
         self.layers = nn.ModuleList([TransformerLayer(config) for _ in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = TransformerNorm(config.hidden_size, config.rms_norm_eps)
         self.output_proj = nn.Linear(config.hidden_size, config.latent_dim)
 
     def forward(self, x_btc: torch.Tensor, frames: Frames) -> torch.Tensor:
