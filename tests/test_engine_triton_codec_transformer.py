@@ -1,7 +1,7 @@
 """The codec transformer's kernels compute the torch reference: the RMSNorm (any row count, widths that are not a
 power of two, strided input) and the rotary (the projections' transposed views and the concatenated keys), each
-rounding as the reference does; and a decoder with them installed (and the vocoder's) decodes the reference
-decoder's audio, streamed.
+rounding as the reference does, and install() points every norm and attention of a decoder at them; a decoder
+with them and the vocoder's installed decodes the reference audio in test_engine_triton_vocoder.py.
 
 CI has no GPU, so the kernels run in Triton's interpreter (TRITON_INTERPRET=1, CPU tensors), in a child process
 since Triton reads the variable when the kernels are decorated.
@@ -16,13 +16,10 @@ from tests.triton_interpreter import run_interpreted
 pytest.importorskip("triton", reason="triton is a test dependency (scripts/setup.sh --test installs it)")
 
 SCRIPT = textwrap.dedent("""
-    import copy
     import torch
-    from serving.engine import triton_codec_transformer as tct, triton_vocoder
+    from serving.engine import triton_codec_transformer as tct
     from serving.model.codec_config import tiny_codec_config
-    from serving.model.codec_decoder import (Attention, CodecDecoder, TransformerNorm, init_random_, rope_reference,
-                                             rope_tables)
-    from serving.model.codec_stream import IncrementalCodecDecoder
+    from serving.model.codec_decoder import Attention, CodecDecoder, TransformerNorm, rope_reference, rope_tables
     from serving.model.layers import rms_norm
 
     gen = torch.Generator().manual_seed(0)
@@ -58,25 +55,13 @@ SCRIPT = textwrap.dedent("""
     print("ropes", ropes)
 
     decoder = CodecDecoder(tiny_codec_config().decoder)
-    init_random_(decoder, torch.Generator().manual_seed(0))
-    decoder.eval()
-    fused = copy.deepcopy(decoder)
-    assert tct.install(fused) and triton_vocoder.install(fused)
-    assert all(m.kernel is tct.rms_norm for m in fused.modules() if isinstance(m, TransformerNorm))
-    assert all(m.rope is tct.rope for m in fused.modules() if isinstance(m, Attention))
-    codes = torch.randint(0, 2048, (2, 6, 16), generator=gen)
-    with torch.inference_mode():
-        whole = decoder(codes)
-    pool = IncrementalCodecDecoder(fused, num_slots=2)
-    pieces = [pool.decode([(0, codes[0, :4], True), (1, codes[1, :2], True)]),
-              pool.decode([(0, codes[0, 4:], False), (1, codes[1, 2:], False)])]
-    for row in range(2):
-        streamed = torch.cat([p[row] for p in pieces])
-        assert (streamed - whole[row]).abs().max() < 1e-4, row
-    print("streams equal")
+    assert tct.install(decoder)
+    assert all(m.kernel is tct.rms_norm for m in decoder.modules() if isinstance(m, TransformerNorm))
+    assert all(m.rope is tct.rope for m in decoder.modules() if isinstance(m, Attention))
+    print("installed")
 """)
 
 
 def test_codec_transformer_kernels_compute_the_reference_and_decode_the_same_audio():
     out = run_interpreted(SCRIPT)
-    assert "norms 10" in out and "ropes 4" in out and "streams equal" in out
+    assert "norms 10" in out and "ropes 4" in out and "installed" in out

@@ -1,6 +1,7 @@
 """The vocoder's kernels compute the torch reference: SnakeBeta in any layout, the window products of causal and
-transposed convolutions with their epilogues, and a decoder with them installed decodes (streamed, and one-shot
-with padded rows) the reference decoder's audio.
+transposed convolutions with their epilogues, and a decoder with them and the transformer's kernels
+(test_engine_triton_codec_transformer.py) installed decodes (streamed, and one-shot with padded rows) the
+reference decoder's audio.
 
 CI has no GPU, so the kernels run in Triton's interpreter (TRITON_INTERPRET=1, CPU tensors), in a child
 process since Triton reads the variable when the kernels are decorated.
@@ -19,7 +20,7 @@ SCRIPT = textwrap.dedent("""
     import copy
     import torch
     import torch.nn.functional as F
-    from serving.engine import triton_conv, triton_vocoder
+    from serving.engine import triton_codec_transformer, triton_conv, triton_vocoder
     from serving.model.codec_config import tiny_codec_config
     from serving.model.codec_decoder import (CausalConv1d, CausalConvTranspose1d, CodecDecoder, init_random_,
                                              snake_reference)
@@ -81,7 +82,7 @@ SCRIPT = textwrap.dedent("""
     init_random_(decoder, torch.Generator().manual_seed(0))
     decoder.eval()
     fused = copy.deepcopy(decoder)
-    assert triton_vocoder.install(fused)
+    assert triton_vocoder.install(fused) and triton_codec_transformer.install(fused)  # the codec's kernels, all
     convs = [m for m in fused.modules() if isinstance(m, (CausalConv1d, CausalConvTranspose1d))]
     assert all((m.product is None) == (m.conv.groups > 1) for m in convs)
     assert sum(m.product is not None for m in convs) == 2 + 1 + 4 * (1 + 6) + 2  # pre_conv .. last conv
