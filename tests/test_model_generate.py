@@ -239,15 +239,17 @@ def test_a_tabulated_vocabulary_builds_the_projections_prompts(cv, base, monkeyp
                             lambda self, x: projections.append(x.shape) or real(self, x))
         tabulated.build_many(reqs)
         assert projections == []
+        bias = tts.model.talker.text_projection.linear_fc2.bias
+        saved = bias.detach().clone()  # restored bit for bit: the module's fixtures serve the later tests
         with torch.no_grad():
-            tts.model.talker.text_projection.linear_fc2.bias.add_(0.25)
+            bias.add_(0.25)
         changed = tabulated.build_many(reqs)
         assert len(projections) > 0  # the table, projected again
         monkeypatch.undo()
         for a, b, before in zip(changed, plain.build_many(reqs), got):
             assert torch.allclose(a.prefill, b.prefill, **close) and not torch.allclose(a.prefill, before.prefill)
         with torch.no_grad():
-            tts.model.talker.text_projection.linear_fc2.bias.sub_(0.25)
+            bias.copy_(saved)
 
 
 def test_a_voices_prompt_pieces_are_built_once_per_voice(base, monkeypatch):
