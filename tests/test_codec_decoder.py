@@ -2,13 +2,15 @@
 decode, padded batch rows decode as if alone, bad codes are refused. (Equality with the official decoder is in
 test_codec_parity.py.)"""
 
+import copy
 import dataclasses
+from unittest import mock
 
 import pytest
 import torch
 
 from serving.model.codec_config import released_codec_config, tiny_codec_config
-from serving.model.codec_decoder import CodecDecoder, chunk_schedule, init_random_
+from serving.model.codec_decoder import Codebook, CodecDecoder, chunk_schedule, init_random_
 
 FRAMES = 80
 SPF = 64  # samples per frame of the test decoder
@@ -121,3 +123,32 @@ def test_bad_codes_are_refused(decoder, bad, message):
 def test_chunk_without_new_frames_is_refused(decoder):
     with pytest.raises(ValueError, match="leaves no new frames"):
         decoder.decode_chunk(torch.zeros((1, 5, 16), dtype=torch.long), 5)
+
+
+def test_tabulated_quantizer_equals_the_reference_and_follows_the_weights(decoder, codes_and_one_shot):
+    """The engine's table (each codebook's vectors through its projection) gives the reference decode's latents
+    within float32 rounding, with no per-codebook lookup, and is rebuilt when the weights change in place."""
+    codes, _ = codes_and_one_shot
+    quantizer = copy.deepcopy(decoder.quantizer)
+    with torch.inference_mode():
+        reference = quantizer.decode(codes)
+        quantizer.tabulate()
+        with mock.patch.object(Codebook, "lookup", side_effect=AssertionError("a per-codebook lookup ran")):
+            tabulated = quantizer.decode(codes)
+    assert tabulated.shape == reference.shape == (2, decoder.config.codebook_dim, FRAMES)
+    assert float(reference.abs().max()) > 0.1
+    torch.testing.assert_close(tabulated, reference, rtol=1e-5, atol=1e-5)
+    table, _ = quantizer.table()
+    assert quantizer.table()[0] is table  # kept while the weights stay
+    with torch.no_grad():
+        quantizer.rvq_rest.vq.layers[3]._codebook.embedding_sum.mul_(2)
+    with torch.inference_mode():
+        changed = quantizer.decode(codes)
+        quantizer.tabulated = False
+        torch.testing.assert_close(changed, quantizer.decode(codes), rtol=1e-5, atol=1e-5)
+    assert quantizer.table()[0] is not table and not torch.allclose(changed, tabulated)
+    with torch.inference_mode():  # weights copied in inference mode carry no version; their table still builds
+        frozen = copy.deepcopy(decoder.quantizer)
+        assert frozen.rvq_first.output_proj.weight.is_inference()
+        frozen.tabulate()
+        torch.testing.assert_close(frozen.decode(codes), reference, rtol=1e-5, atol=1e-5)

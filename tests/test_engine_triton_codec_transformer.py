@@ -1,7 +1,8 @@
 """The codec transformer's kernels compute the torch reference: the RMSNorm (any row count, widths that are not a
-power of two, strided input) and the rotary (the projections' transposed views and the concatenated keys), each
-rounding as the reference does, and install() points every norm and attention of a decoder at them; a decoder
-with them and the vocoder's installed decodes the reference audio in test_engine_triton_vocoder.py.
+power of two, strided input), the rotary (the projections' transposed views and the concatenated keys) and the
+scaled residual addition, each rounding as the reference does, and install() points every norm, layer scale and
+attention of a decoder at them; a decoder with them and the vocoder's installed decodes the reference audio in
+test_engine_triton_vocoder.py.
 
 CI has no GPU, so the kernels run in Triton's interpreter (TRITON_INTERPRET=1, CPU tensors), in a child process
 since Triton reads the variable when the kernels are decorated.
@@ -19,7 +20,8 @@ SCRIPT = textwrap.dedent("""
     import torch
     from serving.engine import triton_codec_transformer as tct
     from serving.model.codec_config import tiny_codec_config
-    from serving.model.codec_decoder import Attention, CodecDecoder, TransformerNorm, rope_reference, rope_tables
+    from serving.model.codec_decoder import (Attention, CodecDecoder, LayerScale, TransformerNorm, rope_reference,
+                                             rope_tables, scaled_residual_reference)
     from serving.model.layers import rms_norm
 
     gen = torch.Generator().manual_seed(0)
@@ -54,14 +56,29 @@ SCRIPT = textwrap.dedent("""
             ropes += 1
     print("ropes", ropes)
 
+    residuals = 0
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape in ((2, 5, 64), (1, 1, 48), (3, 0, 64)):
+            x, y = (torch.randn(shape, generator=gen) * 3).to(dtype), torch.randn(shape, generator=gen).to(dtype)
+            scale = (torch.rand(shape[-1], generator=gen) * 0.3).to(dtype)
+            got, want = tct.scaled_residual(x, scale, y), scaled_residual_reference(x, scale, y)
+            assert got.dtype == want.dtype and got.shape == want.shape
+            if dtype == torch.float32:  # the same two roundings, elementwise
+                assert torch.equal(got, want), (got - want).abs().max()
+            else:  # the interpreter truncates where a GPU rounds: a step apart at most
+                torch.testing.assert_close(got, want, atol=6e-2, rtol=1e-2)
+            residuals += 1
+    print("residuals", residuals)
+
     decoder = CodecDecoder(tiny_codec_config().decoder)
     assert tct.install(decoder)
     assert all(m.kernel is tct.rms_norm for m in decoder.modules() if isinstance(m, TransformerNorm))
     assert all(m.rope is tct.rope for m in decoder.modules() if isinstance(m, Attention))
+    assert all(m.kernel is tct.scaled_residual for m in decoder.modules() if isinstance(m, LayerScale))
     print("installed")
 """)
 
 
 def test_codec_transformer_kernels_compute_the_reference_and_decode_the_same_audio():
     out = run_interpreted(SCRIPT)
-    assert "norms 10" in out and "ropes 4" in out and "installed" in out
+    assert "norms 10" in out and "ropes 4" in out and "residuals 6" in out and "installed" in out

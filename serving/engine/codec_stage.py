@@ -205,6 +205,7 @@ class CodecRunner:
         self.graphs = CodecGraphs(self.pool, list(graph_buckets), num_quantizers, device) if graph_buckets else None
         self.graph_budget_bytes = graph_budget_bytes
         self.codec_kernels = codec_kernels(decoder, device)
+        decoder.quantizer.tabulate()  # on every device: the table is ~64 MB and a fraction of a second to build
         self._host: torch.Tensor | None = None  # flat landing buffer of the waveforms (pinned on a GPU, see landing)
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
         self._primed = LRU(primed_cache_size)  # reference codes' hash -> the state priming leaves

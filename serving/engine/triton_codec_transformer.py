@@ -1,13 +1,13 @@
-"""The codec transformer's norms and rotary on CUDA, as one Triton pass each.
+"""The codec transformer's norms, rotary and scaled residual additions on CUDA, as one Triton pass each.
 
 A codec call costs ~2.5 ms on an H100 whatever it carries (1 x 1 frame), ~600 small kernels, and short text
 pays it for every first and final chunk (docs/performance.md, twenty-fifth pass). Of those kernels the
 transformer's 17 RMSNorms were 8 each (a float32 copy, square, mean, epsilon, rsqrt, product, rounding copy,
 weight) and the rotary of each layer's queries and keys 6 each (slices, negation, concatenation, two products,
-sum): here a norm is one kernel and a rotary one, with the same roundings as the torch reference (float32 inside,
-rounded to the input's dtype where the reference rounds).
+sum), and each LayerScale with its residual addition 2: here each is one kernel, with the same roundings as the
+torch reference (float32 inside, rounded to the input's dtype where the reference rounds).
 
-`install(decoder)` points the codec transformer's norms and attention at these kernels; the torch functions stay
+`install(decoder)` points the codec transformer's norms, layer scales and attention at these kernels; the torch functions stay
 the definition of the maths and the CPU path.
 """
 
@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from serving.model.codec_decoder import Attention, TransformerNorm
+from serving.model.codec_decoder import Attention, LayerScale, TransformerNorm
 
 
 @triton.jit
@@ -83,13 +83,40 @@ def rope(x_bhtd: torch.Tensor, cos_td: torch.Tensor, sin_td: torch.Tensor) -> to
     return out
 
 
+@triton.jit
+def _scaled_residual_kernel(x_ptr, scale_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """Row program_id(0) of [rows, n]: x + round(scale * y), as codec_decoder.scaled_residual_reference."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n
+    dt = out_ptr.dtype.element_ty
+    x = tl.load(x_ptr + row * n + cols, mask=ok, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + row * n + cols, mask=ok, other=0.0).to(tl.float32)
+    scale = tl.load(scale_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n + cols, (x + (scale * y).to(dt).to(tl.float32)).to(dt), mask=ok)
+
+
+def scaled_residual(x: torch.Tensor, scale: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """codec_decoder.scaled_residual_reference in one pass, for x and y of one shape and dtype, scale over their last
+    dimension (each made contiguous if it is not)."""
+    n = x.shape[-1]
+    x_rows, y_rows = x.reshape(-1, n).contiguous(), y.reshape(-1, n).contiguous()
+    out = torch.empty(x_rows.shape, dtype=x.dtype, device=x.device)
+    if x_rows.shape[0]:
+        _scaled_residual_kernel[(x_rows.shape[0],)](x_rows, scale, y_rows, out, n, BLOCK=triton.next_power_of_2(n))
+    return out.view(x.shape)
+
+
 def install(decoder: torch.nn.Module) -> bool:
-    """Point the decoder's transformer norms and attentions at the kernels (head_dim a power of two, as
-    tl.arange needs); returns whether any."""
+    """Point the decoder's transformer norms, layer scales and attentions at the kernels (head_dim a power of two,
+    as tl.arange needs); returns whether any."""
     found = False
     for module in decoder.modules():
         if isinstance(module, TransformerNorm):
             module.kernel = rms_norm
+            found = True
+        elif isinstance(module, LayerScale):
+            module.kernel = scaled_residual
             found = True
         elif isinstance(module, Attention) and module.head_dim >= 2 and not module.head_dim & (module.head_dim - 1):
             module.rope = rope

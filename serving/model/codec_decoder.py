@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from serving.model.codec_config import CodecDecoderConfig
-from serving.model.layers import RMSNorm, rms_norm, rotate_half
+from serving.model.layers import MLP, FusedProjections, RMSNorm, SlicedLinear, rms_norm, rotate_half
+from serving.model.weights import weights_stamp
 
 
 def channels_innermost(x_bcl: torch.Tensor) -> bool:
@@ -88,9 +89,10 @@ class Frames:
             full[..., n:].mul_(self.keep_bt.to(full.dtype).repeat_interleave(self.rate, dim=1)[:, None, :])
         return full
 
-    def keys_values(self, module: nn.Module, k_bhtd: torch.Tensor, v_bhtd: torch.Tensor):
-        """Keys (before RoPE) and values of the past_frames earlier frames prepended to this call's."""
-        return k_bhtd, v_bhtd
+    def keys_values(self, module: nn.Module, kv_b2htd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (before RoPE) and values, given together (B, 2, heads, T, head_dim), with those of the past_frames
+        earlier frames prepended to this call's: (B, heads, past_frames + T, head_dim) each."""
+        return kv_b2htd[:, 0], kv_b2htd[:, 1]
 
     def attention_mask(self, num_frames: int, window: int, device) -> torch.Tensor:
         """(B or 1, 1, T, past_frames + T) bool: causal, within the window, key not padding (a query always sees
@@ -280,28 +282,70 @@ class ResidualVectorQuantizer(nn.Module):
 
 
 class SplitResidualVectorQuantizer(nn.Module):
-    """Codebook 0 (semantic) and codebooks 1..15 (acoustic) have their own projections; outputs add."""
+    """Codebook 0 (semantic) and codebooks 1..15 (acoustic) have their own projections; outputs add.
+
+    tabulate() makes decode one gather and sum from a table of every codebook's vectors already through its
+    projection (the projection is linear, so the sum of projected vectors is the projection of the sum, up to
+    rounding): the reference path is ~4 kernels per codebook, ~66 of a codec call's small launches, where the
+    table's is 2. The engine turns it on; the model's own decode stays the official order of operations."""
 
     def __init__(self, config: CodecDecoderConfig):
         super().__init__()
         dim = config.codebook_dim // 2
         self.rvq_first = ResidualVectorQuantizer(1, config.codebook_size, dim, config.codebook_dim)
         self.rvq_rest = ResidualVectorQuantizer(config.num_quantizers - 1, config.codebook_size, dim, config.codebook_dim)
+        self.tabulated = False
+        self._table: tuple[tuple, torch.Tensor, torch.Tensor] | None = None  # (stamp, table, each codebook's offset)
+
+    def tabulate(self) -> None:
+        self.tabulated = True
 
     def decode(self, codes_btq: torch.Tensor) -> torch.Tensor:
+        if self.tabulated:
+            table, offsets_q = self.table()
+            b, t, q = codes_btq.shape
+            summed = F.embedding_bag((codes_btq + offsets_q).view(b * t, q), table, mode="sum")
+            return summed.view(b, t, -1).transpose(1, 2)
         return self.rvq_first.decode(codes_btq[:, :, :1]) + self.rvq_rest.decode(codes_btq[:, :, 1:])
+
+    @torch.no_grad()
+    def table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Q * codebook_size, codebook_dim) projected vectors, codebook q's from row q * codebook_size, and those
+        offsets (Q,); computed once for the weights as they are (loaded or drawn in place, or moved: a new stamp).
+        Built before a CUDA graph is captured (warm-up's eager call), so graphs read a table that stays put."""
+        params = [p for rvq in (self.rvq_first, self.rvq_rest)
+                  for p in (rvq.output_proj.weight, *rvq.vq.parameters())]
+        stamp = weights_stamp(params)
+        if self._table is None or self._table[0] != stamp:
+            parts = [F.linear(holder._codebook.embedding_sum / holder._codebook.cluster_usage.clamp(min=1e-5)[:, None],
+                              rvq.output_proj.weight[:, :, 0])
+                     for rvq in (self.rvq_first, self.rvq_rest) for holder in rvq.vq.layers]
+            offsets = torch.arange(len(parts), device=parts[0].device) * parts[0].shape[0]
+            self._table = (stamp, torch.cat(parts), offsets)
+        return self._table[1], self._table[2]
 
 
 # --- transformer ------------------------------------------------------------------------------------------------
 
 
+def scaled_residual_reference(x: torch.Tensor, scale: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x + scale * y, the product rounded to its dtype before the sum (the official order)."""
+    return x + scale * y
+
+
 class LayerScale(nn.Module):
+    """Adds its sublayer's output, scaled per channel, to the residual; `kernel` computes it:
+    scaled_residual_reference, or a fused kernel the engine installs (serving/engine/triton_codec_transformer.py)."""
+
+    kernel = staticmethod(scaled_residual_reference)
+
     def __init__(self, dim: int, initial_scale: float):
         super().__init__()
         self.scale = nn.Parameter(torch.full((dim,), initial_scale))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
+    def forward(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """residual + scale * x."""
+        return self.kernel(residual, self.scale, x)
 
 
 def rope_tables(num_positions: int, head_dim: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -327,10 +371,12 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     return x * cos + rotate_half(x) * sin
 
 
-class Attention(nn.Module):
-    """`rope` applies the rotary: rope_reference, or a fused kernel the engine installs."""
+class Attention(FusedProjections):
+    """q, k and v in one matmul (layers.FusedProjections; a codec call's products are launches, not bandwidth).
+    `rope` applies the rotary: rope_reference, or a fused kernel the engine installs."""
 
     rope = staticmethod(rope_reference)
+    fused_names = ("q_proj", "k_proj", "v_proj")
 
     def __init__(self, config: CodecDecoderConfig):
         super().__init__()
@@ -338,19 +384,22 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.q_proj = SlicedLinear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = SlicedLinear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = SlicedLinear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.fuse()
 
     def forward(self, x_btc: torch.Tensor, frames: Frames, cos_mk: torch.Tensor, sin_mk: torch.Tensor,
                 allowed_b1tm: torch.Tensor) -> torch.Tensor:
         """cos/sin (M, head_dim) for the M = past_frames + T keys; the queries are the last T of them."""
         b, t, _ = x_btc.shape
-        q = self.q_proj(x_btc).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x_btc).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x_btc).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        k, v = frames.keys_values(self, k, v)
+        qkv = F.linear(x_btc, self.fused_weight, self.fused_bias)
+        q_width = self.num_heads * self.head_dim
+        q = qkv[..., :q_width].view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        # keys and values side by side, so a stream's carried ones join this call's in one concatenation
+        kv = qkv[..., q_width:].view(b, t, 2, self.num_kv_heads, self.head_dim).permute(0, 2, 3, 1, 4)
+        k, v = frames.keys_values(self, kv)
         q = self.rope(q, cos_mk[-t:], sin_mk[-t:])
         k = self.rope(k, cos_mk, sin_mk)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_b1tm,
@@ -358,31 +407,20 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
-class MLP(nn.Module):
-    def __init__(self, config: CodecDecoderConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class TransformerLayer(nn.Module):
     def __init__(self, config: CodecDecoderConfig):
         super().__init__()
         self.self_attn = Attention(config)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = TransformerNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = TransformerNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn_layer_scale = LayerScale(config.hidden_size, config.layer_scale_initial_scale)
         self.mlp_layer_scale = LayerScale(config.hidden_size, config.layer_scale_initial_scale)
 
     def forward(self, x, frames, cos_mk, sin_mk, allowed_b1tm):
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), frames, cos_mk, sin_mk,
-                                                          allowed_b1tm))
-        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+        x = self.self_attn_layer_scale(x, self.self_attn(self.input_layernorm(x), frames, cos_mk, sin_mk,
+                                                         allowed_b1tm))
+        return self.mlp_layer_scale(x, self.mlp(self.post_attention_layernorm(x)))
 
 
 class Transformer(nn.Module):

@@ -24,6 +24,7 @@ from serving.model.codec_config import CodecConfig, CodecEncoderConfig
 from serving.model.codec_decoder import rope_tables
 from serving.model.layers import rotate_half
 from serving.model.resample import resample
+from serving.model.weights import weights_stamp
 
 
 class MimiConv1d(nn.Module):
@@ -171,7 +172,7 @@ class EuclideanCodebook(nn.Module):
         as they are: a voice's encoding runs 16 codebooks, and recomputing both made ~7 of each one's ~18 kernel
         launches (the encoder is launch-bound on a GPU, benchmarks/voice_encode_bench.py). New weights (loaded or
         drawn in place, or moved) have another stamp."""
-        stamp = tuple((b.data_ptr(), b._version) for b in (self.embed_sum, self.cluster_usage))
+        stamp = weights_stamp((self.embed_sum, self.cluster_usage))
         if self._kept is None or self._kept[0] != stamp:
             vectors = self.embed_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
             side = vectors.float()

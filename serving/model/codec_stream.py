@@ -6,8 +6,8 @@ only approximates the one-shot decode. Here each stream instead keeps, per slot 
   - every causal conv's last (k - 1) * dilation inputs, and each transposed conv's last input (its kernel is
     twice its stride, so an input's samples overlap the next one's); SnakeBeta, norms and 1x1 convs are
     pointwise and keep nothing;
-  - every transformer layer's keys (before RoPE) and values of the last window - 1 frames, with how many of
-    them are real (fewer at the start of a stream).
+  - every transformer layer's keys (before RoPE) and values of the last window - 1 frames, side by side, with
+    how many of them are real (fewer at the start of a stream).
 A chunk then runs the decoder's one traversal (`CodecDecoder.run`) over its new frames only, through a
 `StreamStep` view that hands each layer its rows' state, so chunked output equals the one-shot decode.
 
@@ -65,19 +65,6 @@ def chunk_plan(num_frames: int, first_chunk_frames: int, chunk_frames: int) -> l
     return sizes
 
 
-def _tail(full: torch.Tensor, end_b: torch.Tensor, steps: torch.Tensor, dim: int) -> torch.Tensor:
-    """The len(steps) entries of each row of `full` along `dim` that end at full-index end_b + len(steps)
-    (exclusive), steps = arange(len(steps)): with full = [state | new inputs], end_b = a row's new inputs, this
-    is the state after them."""
-    length = len(steps)
-    shape = [1] * full.dim()
-    shape[0], shape[dim] = -1, length
-    index = end_b.view(-1, *[1] * (full.dim() - 1)) + steps.view(shape)
-    target = list(full.shape)
-    target[dim] = length
-    return full.gather(dim, index.expand(target))
-
-
 class StreamStep(Frames):
     """The streaming view of one step's rows: their carried state in, their new state recorded for commit().
 
@@ -99,27 +86,39 @@ class StreamStep(Frames):
         self._rows = pool.state.index_select(0, slots_b).masked_fill_(first_b[:, None], 0)
         self.updates: dict[int, torch.Tensor] = {}
         self.history_update: list[torch.Tensor] = []
+        self._indices: dict[tuple, torch.Tensor] = {}  # _record's gather indices, shared by the layers that match
 
     def _carried(self, key) -> torch.Tensor:
         return self.pool.part(key, self._rows)
 
-    def _record(self, key, full: torch.Tensor, end_b: torch.Tensor, length: int, dim: int) -> None:
-        self.updates[self.pool.slices[key][0]] = _tail(full, end_b, self.pool.steps[length], dim)
+    def _record(self, key, full: torch.Tensor, length: int, dim: int) -> None:
+        """Record the `length` entries of each row of `full` (= [state | new inputs at this rate]) along `dim` that
+        end where the row's new inputs end: its state after them. The index of the gather depends only on the
+        rate, the length and the layout, so the layers that share those share it (fewer small kernels)."""
+        index_key = (self.rate, length, full.dim(), dim % full.dim())
+        index = self._indices.get(index_key)
+        if index is None:
+            shape = [1] * full.dim()
+            shape[0], shape[dim] = -1, length
+            end_b = self.new_frames_b if self.rate == 1 else self.new_frames_b * self.rate
+            index = end_b.view(-1, *[1] * (full.dim() - 1)) + self.pool.steps[length].view(shape)
+            self._indices[index_key] = index
+        target = list(full.shape)
+        target[dim] = length
+        self.updates[self.pool.slices[key][0]] = full.gather(dim, index.expand(target))
 
     def history(self, module: nn.Module, x_bcl: torch.Tensor, n: int) -> torch.Tensor:
         return self._carried(module)
 
     def filled(self, module: nn.Module, full: torch.Tensor, n: int) -> torch.Tensor:
         """Records the rows' state after their new inputs, now that `full` holds them."""
-        self._record(module, full, self.new_frames_b * self.rate, n, dim=-1)
+        self._record(module, full, n, dim=-1)
         return full
 
-    def keys_values(self, module: nn.Module, k_bhtd: torch.Tensor, v_bhtd: torch.Tensor):
-        k_all = torch.cat([self._carried((module, "k")), k_bhtd], dim=2)
-        v_all = torch.cat([self._carried((module, "v")), v_bhtd], dim=2)
-        self._record((module, "k"), k_all, self.new_frames_b, self.past_frames, dim=2)
-        self._record((module, "v"), v_all, self.new_frames_b, self.past_frames, dim=2)
-        return k_all, v_all
+    def keys_values(self, module: nn.Module, kv_b2htd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        kv_all = torch.cat([self._carried((module, "kv")), kv_b2htd], dim=3)
+        self._record((module, "kv"), kv_all, self.past_frames, dim=3)
+        return kv_all[:, 0], kv_all[:, 1]
 
     def attention_mask(self, num_frames: int, window: int, device) -> torch.Tensor:
         """(B, 1, T, past + T): causal within the window, and carried keys only where the row has real ones (its
@@ -153,7 +152,7 @@ class IncrementalCodecDecoder:
     """A pool of `num_slots` stream states (plus one scratch slot) for one CodecDecoder, on its device and dtype.
 
     A slot's state is one row of `state` (slot, width): each layer's part is a slice of it (`slices`: offset and
-    shape by conv module, or (attention module, "k" / "v"); `part` views it); `history` counts each slot's real
+    shape by conv module, or (attention module, "kv"): keys then values; `part` views it); `history` counts each slot's real
     carried frames. Memory per slot (released codec): 8 layers x 2 x 71 frames x 1024
     for keys/values plus ~136k values of convolution state, ~5 MB in fp32 (see state_bytes_per_slot).
     """
@@ -176,8 +175,7 @@ class IncrementalCodecDecoder:
             elif isinstance(module, CausalConvTranspose1d) and module.history:
                 self._slice(module, module.conv.in_channels, module.history)
             elif isinstance(module, Attention):
-                for part in ("k", "v"):
-                    self._slice((module, part), module.num_kv_heads, self.cache_frames, module.head_dim)
+                self._slice((module, "kv"), 2, module.num_kv_heads, self.cache_frames, module.head_dim)
         self.state = torch.zeros((rows, self.width), dtype=param.dtype, device=param.device)
         # 0..n-1 for each state length n: where a row's new state starts in its inputs (no arange per step)
         lengths = {shape[1] for _, shape in self.slices.values() if len(shape) == 2} | {self.cache_frames}

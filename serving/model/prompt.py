@@ -28,6 +28,7 @@ from serving.engine.lru import LRU
 from serving.model.config import ModelConfig
 from serving.model.talker import Talker
 from serving.model.transfer import upload
+from serving.model.weights import weights_stamp
 
 TASKS = ("custom_voice", "voice_design", "voice_clone")
 VOICE_MEMO_SIZE = 64  # voices whose prompt pieces stay on the device (PromptBuilder._per_voice)
@@ -179,7 +180,7 @@ class PromptBuilder:
         """Weights changed in place or moved (a new version or storage) clear the memo."""
         emb = (self.talker.model.text_embedding.weight, self.talker.model.codec_embedding.weight,
                *self.talker.text_projection.parameters())
-        stamp = tuple((p.data_ptr(), p._version) for p in emb)
+        stamp = weights_stamp(emb)
         if stamp != self._memo_stamp:
             self._memo_cache.clear()
             self._voice_memo.clear()

@@ -24,6 +24,13 @@ class WeightsError(ValueError):
     """The checkpoint's tensors do not fit the model built from its config."""
 
 
+def weights_stamp(tensors) -> tuple:
+    """What identifies tensors' current values for a cache of something computed from them: storage and version
+    (a load or an in-place draw bumps the version, a move changes the storage). Tensors made in inference mode keep
+    no version: their storage alone stands for them (they cannot change in place outside inference mode)."""
+    return tuple((t.data_ptr(), None if t.is_inference() else t._version) for t in tensors)
+
+
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
