@@ -140,6 +140,7 @@ def test_tabulated_quantizer_equals_the_reference_and_follows_the_weights(decode
     torch.testing.assert_close(tabulated, reference, rtol=1e-5, atol=1e-5)
     table, _ = quantizer.table()
     assert quantizer.table()[0] is table  # kept while the weights stay
+    assert quantizer.table_bytes == table.numel() * 4 == 16 * 2048 * decoder.config.codebook_dim * 4
     with torch.no_grad():
         quantizer.rvq_rest.vq.layers[3]._codebook.embedding_sum.mul_(2)
     with torch.inference_mode():

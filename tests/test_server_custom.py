@@ -47,6 +47,7 @@ def test_health_models_and_metrics(server):
     with urllib.request.urlopen(server.url + "/health") as r:
         health = json.loads(r.read())
     assert health["status"] == "ok" and health["engine"]["num_slots"] == 8 and health["engine"]["max_codec_batch"] == 4
+    assert health["engine"]["codec_table_bytes"] > 0  # the codebooks' projected vectors (the codec's table)
     startup, warmup = health["engine"]["startup_s"], health["engine"]["warmup_s"]  # where start-up went, by phase
     assert set(startup) == {"load", "talker_warmup", "codec_warmup", "total"} and min(startup.values()) >= 0
     assert startup["total"] >= startup["load"] and set(warmup) == {"steps", "frame_graphs", "prefill_graphs",

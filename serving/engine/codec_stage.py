@@ -243,6 +243,7 @@ class CodecRunner:
         param = next(self.pool.decoder.parameters())
         d = {"codec_device": str(param.device), "codec_dtype": str(param.dtype).removeprefix("torch."),
              "codec_slots": self.num_slots, "codec_kernels": self.codec_kernels,
+             "codec_table_bytes": self.pool.decoder.quantizer.table_bytes,
              "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
         report = self.graph_report or CodecGraphReport((), (), 0, self.graph_budget_bytes)
         if self.graphs is not None and self.graphs.replay_ms:

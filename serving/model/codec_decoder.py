@@ -308,6 +308,11 @@ class SplitResidualVectorQuantizer(nn.Module):
             return summed.view(b, t, -1).transpose(1, 2)
         return self.rvq_first.decode(codes_btq[:, :, :1]) + self.rvq_rest.decode(codes_btq[:, :, 1:])
 
+    @property
+    def table_bytes(self) -> int:
+        """The table's memory as last built (0 before its first decode): reading it builds nothing."""
+        return 0 if self._table is None else self._table[1].numel() * self._table[1].element_size()
+
     @torch.no_grad()
     def table(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(Q * codebook_size, codebook_dim) projected vectors, codebook q's from row q * codebook_size, and those
