@@ -7,8 +7,8 @@ weight) and the rotary of each layer's queries and keys 6 each (slices, negation
 sum), and each LayerScale with its residual addition 2: here each is one kernel, with the same roundings as the
 torch reference (float32 inside, rounded to the input's dtype where the reference rounds).
 
-`install(decoder)` points the codec transformer's norms, layer scales and attention at these kernels; the torch functions stay
-the definition of the maths and the CPU path.
+`install(decoder)` points the codec transformer's norms, layer scales and attention at these kernels; the torch
+functions stay the definition of the maths and the CPU path.
 """
 
 from __future__ import annotations

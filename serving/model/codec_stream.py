@@ -152,9 +152,9 @@ class IncrementalCodecDecoder:
     """A pool of `num_slots` stream states (plus one scratch slot) for one CodecDecoder, on its device and dtype.
 
     A slot's state is one row of `state` (slot, width): each layer's part is a slice of it (`slices`: offset and
-    shape by conv module, or (attention module, "kv"): keys then values; `part` views it); `history` counts each slot's real
-    carried frames. Memory per slot (released codec): 8 layers x 2 x 71 frames x 1024
-    for keys/values plus ~136k values of convolution state, ~5 MB in fp32 (see state_bytes_per_slot).
+    shape by conv module, or (attention module, "kv"): keys then values; `part` views it); `history` counts each
+    slot's real carried frames. Memory per slot (released codec): 8 layers x 2 x 71 frames x 1024 for keys/values
+    plus ~136k values of convolution state, ~5 MB in fp32 (see state_bytes_per_slot).
     """
 
     def __init__(self, decoder: CodecDecoder, num_slots: int):
