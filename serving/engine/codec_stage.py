@@ -34,9 +34,9 @@ T = TypeVar("T")
 
 def codec_kernels(decoder: torch.nn.Module, device: torch.device) -> bool:
     """On CUDA, run the vocoder's convolutions and SnakeBetas (triton_vocoder: window products with the residual
-    units' activations and additions in their epilogues, in place) and the transformer's norms and rotary
-    (triton_codec_transformer) as Triton kernels; elsewhere, or without Triton, the torch reference stays.
-    Returns whether the kernels are in."""
+    units' activations and additions in their epilogues, in place) and the transformer's norms, rotary and
+    LayerScale residual additions (triton_codec_transformer) as Triton kernels; elsewhere, or without Triton,
+    the torch reference stays. Returns whether the kernels are in."""
     if device.type != "cuda":
         return False
     try:
@@ -205,7 +205,7 @@ class CodecRunner:
         self.graphs = CodecGraphs(self.pool, list(graph_buckets), num_quantizers, device) if graph_buckets else None
         self.graph_budget_bytes = graph_budget_bytes
         self.codec_kernels = codec_kernels(decoder, device)
-        decoder.quantizer.tabulate()  # on every device: the table is ~64 MB and a fraction of a second to build
+        decoder.quantizer.tabulate()  # on every device: the released codec's table is 32 MB in bfloat16, quick to build
         self._host: torch.Tensor | None = None  # flat landing buffer of the waveforms (pinned on a GPU, see landing)
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
         self._primed = LRU(primed_cache_size)  # reference codes' hash -> the state priming leaves

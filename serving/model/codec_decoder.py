@@ -399,7 +399,7 @@ class Attention(FusedProjections):
                 allowed_b1tm: torch.Tensor) -> torch.Tensor:
         """cos/sin (M, head_dim) for the M = past_frames + T keys; the queries are the last T of them."""
         b, t, _ = x_btc.shape
-        qkv = F.linear(x_btc, self.fused_weight, self.fused_bias)
+        qkv = self.product(x_btc)
         q_width = self.num_heads * self.head_dim
         q = qkv[..., :q_width].view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         # keys and values side by side, so a stream's carried ones join this call's in one concatenation

@@ -190,9 +190,13 @@ class FusedProjections(nn.Module):
         for p in parts:
             p.sliced = True
 
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """One matmul for all fused projections: their outputs side by side, in fused_names order."""
+        return F.linear(x, self.fused_weight, self.fused_bias)
+
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """One matmul for all fused projections, split into their outputs in fused_names order."""
-        return F.linear(x, self.fused_weight, self.fused_bias).split(self.fused_sizes, dim=-1)
+        """product(x) split into the projections' outputs."""
+        return self.product(x).split(self.fused_sizes, dim=-1)
 
     def _apply(self, fn, recurse=True):
         parts = [getattr(self, name) for name in self.fused_names]
