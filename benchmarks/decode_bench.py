@@ -14,6 +14,7 @@ which do not fit in L2), plus each row's KV cache up to --context; over the copy
 from __future__ import annotations
 
 import argparse
+import re
 import json
 import statistics
 import time
@@ -136,6 +137,10 @@ def configure(runner, variant: str) -> None:
     runner._sample_candidates = candidate_sampler(runner.device)
     # compile-modules: every step's code predictor through the compiled modules (before its fused Triton layers)
     runner.fused_cp_rows = FUSED_CP_ROWS if runner.fused_cp is not None and variant != "compile-modules" else 0
+    # ...-fused-cp-N: the code predictor's fused layers for steps of up to N rows (compile-fused-cp-8: before s32)
+    fused_cp = re.search(r"fused-cp-(\d+)", variant)
+    if fused_cp and runner.fused_cp is not None:
+        runner.fused_cp_rows = int(fused_cp.group(1))
     # compile-wide-modules: steps over FUSED_CP_ROWS rows run the code predictor's compiled modules (before the wide
     # layers: torch's products around the fused attention kernel)
     _EDGES.setdefault("wide_cp", runner.wide_cp)
@@ -144,10 +149,12 @@ def configure(runner, variant: str) -> None:
     fused_talker = runner.fused_talker is not None and variant != "compile-talker-modules"
     runner.fused_talker_rows = FUSED_TALKER_ROWS if fused_talker else 0
     # compile-bucket-attention: the talker's steps of many rows through its compiled modules, attending over the whole
-    # KV bucket through SDPA (before its wide layers); compile-wide-talker-3: its wide layers from 3 rows, not 32
+    # KV bucket through SDPA (before its wide layers); ...-wide-talker-N: its wide layers from N rows
+    # (compile-wide-talker-32: before s32)
     _EDGES.setdefault("wide_talker", runner.wide_talker)
     runner.wide_talker = None if variant == "compile-bucket-attention" else _EDGES["wide_talker"]
-    runner.wide_talker_rows = (None if runner.wide_talker is None else 3 if variant == "compile-wide-talker-3"
+    wide_talker = re.search(r"wide-talker-(\d+)", variant)
+    runner.wide_talker_rows = (None if runner.wide_talker is None else int(wide_talker.group(1)) if wide_talker
                                else WIDE_TALKER_ROWS)
     # compile-pdl-off: the fused layers launched plainly (before programmatic dependent launch)
     from serving.engine import triton_layers
@@ -169,8 +176,8 @@ def main() -> None:
     ap.add_argument("--variants", default="eager,graph,compile",
                     help="eager, graph, compile (compiled layers + graph); experiments on top of compile: "
                          "compile-layers, compile-torch-sampler, compile-cdt, compile-modules, compile-wide-modules, "
-                         "compile-talker-modules, compile-bucket-attention, compile-wide-talker-3 "
-                         "(see configure)")
+                         "compile-talker-modules, compile-bucket-attention, compile-pdl-off, compile-wide-talker-N, "
+                         "compile-fused-cp-N, both: compile-wide-talker-32-fused-cp-8 (see configure)")
     ap.add_argument("--context", type=int, default=120, help="prompt positions per row before timing")
     ap.add_argument("--context-spread", type=float, default=0.0,
                     help="rows' prompt lengths spread evenly over context x [1 - s, 1 + s]")
@@ -186,7 +193,10 @@ def main() -> None:
 
         with open(args.tiles) as f:
             for role, kinds in json.load(f).items():
-                triton_layers._TILES[role].update({kind: tuple(tile) for kind, tile in kinds.items()})
+                if role == "attention":  # one launch, (query heads per program, warps)
+                    triton_layers._TILES[role] = tuple(kinds)
+                else:
+                    triton_layers._TILES[role].update({kind: tuple(tile) for kind, tile in kinds.items()})
         print("tiles", triton_layers._TILES, flush=True)
 
     from serving.engine.cuda_graphs import FrameGraphs, smallest_cover

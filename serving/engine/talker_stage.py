@@ -34,10 +34,14 @@ from serving.model.transfer import upload
 
 PREFILL_TOKEN_BUDGET = 8192  # prompt positions per batched prefill pass (bounds the stall and its memory)
 PREFILL_GRAPH_MAX_LEN = 1024  # longest prompt bucket with a prefill graph (its scratch cache is that long)
-FUSED_CP_ROWS = 8  # steps of up to this many rows run the code predictor's fused layers (2 positions each at most)
-FUSED_TALKER_ROWS = 2  # steps of up to this many rows run the talker's layers fused too (4 rows: 1.7B 13% slower)
-WIDE_TALKER_ROWS = 32  # steps of this many rows or more run the talker's wide layers (the row-length attention
-# alone was 4% slower than SDPA over the KV bucket at 16 rows on an H100)
+# Which layers a step of b rows runs (H100, 0.6B, decode_bench.py, docs/performance.md twenty-seventh pass): the
+# code predictor's fused layers up to FUSED_CP_ROWS (at 6-8 rows their input-norm products trail cuBLAS's: the wide
+# layers' frame is 4.5% shorter), the talker's fused layers up to FUSED_TALKER_ROWS (4 rows: 1.7B 13% slower), its
+# wide layers from WIDE_TALKER_ROWS (from 3 rows a frame 5-7% shorter than the compiled modules' over the KV bucket,
+# contexts of 38 and 200-600 positions), the compiled modules in between (none)
+FUSED_CP_ROWS = 4
+FUSED_TALKER_ROWS = 2
+WIDE_TALKER_ROWS = FUSED_TALKER_ROWS + 1
 
 
 class _HostBuffer:
