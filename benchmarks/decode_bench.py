@@ -146,13 +146,17 @@ def configure(runner, variant: str) -> None:
     _EDGES.setdefault("wide_cp", runner.wide_cp)
     runner.wide_cp = None if variant == "compile-wide-modules" else _EDGES["wide_cp"]
     # compile-talker-modules: the talker's layers through the compiled modules at every batch (before its fused layers)
+    # (and over every row count); ...-fused-talker-N: its fused layers for steps of up to N rows
     fused_talker = runner.fused_talker is not None and variant != "compile-talker-modules"
-    runner.fused_talker_rows = FUSED_TALKER_ROWS if fused_talker else 0
+    fused_talker_rows = re.search(r"fused-talker-(\d+)", variant)
+    runner.fused_talker_rows = (0 if not fused_talker else int(fused_talker_rows.group(1)) if fused_talker_rows
+                                else FUSED_TALKER_ROWS)
     # compile-bucket-attention: the talker's steps of many rows through its compiled modules, attending over the whole
     # KV bucket through SDPA (before its wide layers); ...-wide-talker-N: its wide layers from N rows
     # (compile-wide-talker-32: before s32)
     _EDGES.setdefault("wide_talker", runner.wide_talker)
-    runner.wide_talker = None if variant == "compile-bucket-attention" else _EDGES["wide_talker"]
+    runner.wide_talker = (None if variant in ("compile-bucket-attention", "compile-talker-modules")
+                          else _EDGES["wide_talker"])
     wide_talker = re.search(r"wide-talker-(\d+)", variant)
     runner.wide_talker_rows = (None if runner.wide_talker is None else int(wide_talker.group(1)) if wide_talker
                                else WIDE_TALKER_ROWS)
@@ -177,7 +181,8 @@ def main() -> None:
                     help="eager, graph, compile (compiled layers + graph); experiments on top of compile: "
                          "compile-layers, compile-torch-sampler, compile-cdt, compile-modules, compile-wide-modules, "
                          "compile-talker-modules, compile-bucket-attention, compile-pdl-off, compile-wide-talker-N, "
-                         "compile-fused-cp-N, both: compile-wide-talker-32-fused-cp-8 (see configure)")
+                         "compile-fused-cp-N, compile-fused-talker-N, together: compile-wide-talker-32-fused-cp-8 "
+                         "(see configure)")
     ap.add_argument("--context", type=int, default=120, help="prompt positions per row before timing")
     ap.add_argument("--context-spread", type=float, default=0.0,
                     help="rows' prompt lengths spread evenly over context x [1 - s, 1 + s]")
@@ -193,10 +198,7 @@ def main() -> None:
 
         with open(args.tiles) as f:
             for role, kinds in json.load(f).items():
-                if role == "attention":  # one launch, (query heads per program, warps)
-                    triton_layers._TILES[role] = tuple(kinds)
-                else:
-                    triton_layers._TILES[role].update({kind: tuple(tile) for kind, tile in kinds.items()})
+                triton_layers._TILES[role].update({kind: tuple(tile) for kind, tile in kinds.items()})
         print("tiles", triton_layers._TILES, flush=True)
 
     from serving.engine.cuda_graphs import FrameGraphs, smallest_cover

@@ -4,7 +4,7 @@ For each matrix-product role of a fused layer and each row count a frame's code 
 every tile of a small sweep against cuBLAS's plain product (F.linear, which does less: no norm, no epilogue), 20
 calls in a CUDA graph, each call on its own weight (so, as in a frame, the weights come from HBM, not L2); and
 the attention kernel over the code predictor's cache, for each (query heads per program, warps) at 1 to 128 rows.
-Prints tables and the best tile per role, and the best attention launch;
+Prints tables and the best tile per role, and the best attention launch for the wide layers (over MAX_ROWS rows);
 a measurement to choose triton_layers._TILES. First it compares the fused and wide stacks' logits with the torch
 stacks' in bfloat16 (see agreement), and the fused layers with and without programmatic dependent launch (see
 pdl_check).
@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--agreement-only", action="store_true",
                     help="only compare the fused stacks with the torch ones, and PDL on and off")
     ap.add_argument("--attention-only", action="store_true",
-                    help="only the agreement and the attention launches (--json: the best)")
+                    help="only the agreement and the attention launches (--json: the wide layers' best)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     dev = torch.device("cuda")
@@ -63,7 +63,7 @@ def main() -> None:
         best = attention_launches(dev)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"attention": best}, f)
+                json.dump({"attention": {"wide": best}}, f)
         return
     pdl_check(dev)
     if args.agreement_only:
@@ -113,11 +113,11 @@ def attention_launches(dev: torch.device) -> tuple[int, int]:
     """us per call of the attention kernel over the code predictor's 16-position cache (q/k norm, rotary, cache
     write, attention) for each (query heads per program, warps), and of what the compiled modules run instead
     (SDPA after their own norm, rotary and cache writes, the "modules" column); returns the launch with the least
-    total time over all the calls (one launch serves every row count)."""
+    total time over the calls of more than MAX_ROWS rows (the wide layers')."""
     attn = Attention(stack_config(1, 16)).to(dev, torch.bfloat16)
     rotary = RotaryTable(128, 1e6, 16).to(dev)
     launches = list(itertools.product((1, 2), (1, 2, 4, 8)))
-    saved = triton_layers._TILES["attention"]
+    saved = triton_layers._TILES["attention"].copy()
 
     def modules(qkv, batch, seq, pos, k, v, kv_len):  # Attention.forward between its projections
         q, kk, vv = qkv.view(batch, seq, -1).split([16 * 128, 8 * 128, 8 * 128], dim=-1)
@@ -146,15 +146,16 @@ def attention_launches(dev: torch.device) -> tuple[int, int]:
             base = us_per_call(lambda i: compiled(qkv, batch, seq, pos, k, v, first + seq), CALLS)
             cells = []
             for launch in launches:
-                triton_layers._TILES["attention"] = launch
+                triton_layers._TILES["attention"] = {"few": launch, "wide": launch}
                 us = us_per_call(lambda i: triton_layers.attention(qkv, attn, rotary.cos, rotary.sin, pos, k, v),
                                  CALLS)
                 cells.append(f"{us:.2f}")
-                totals[launch] += us
+                if batch * seq > triton_layers.MAX_ROWS:
+                    totals[launch] += us
         print(f"| {batch} x {seq} | {base:.2f} | " + " | ".join(cells) + " |", flush=True)
     triton_layers._TILES["attention"] = saved
     best = min(totals, key=totals.get)
-    print(f"best launch over these calls (query heads per program, warps): {best}", flush=True)
+    print(f"best launch over {triton_layers.MAX_ROWS} rows (query heads per program, warps): {best}", flush=True)
     return best
 
 

@@ -20,7 +20,9 @@
 #   table   benchmarks/gpu_table.py: one table of everything above
 #
 # Knobs (environment): OUT (results; default /tmp/gpu_bench), SIZE (0.6B | 1.7B), LEVELS (1,8,32,64,128),
-# TASKS (custom clone), SETS (short long), SERVE_ARGS (extra `ttsbench serve` options), RUN_ARGS (extra `ttsbench
+# TASKS (custom clone), SETS (short long), PER_STREAM (requests per stream of a level, 4; a level of 128 streams of
+# short text lasts ~1.7 s on an H100 at 4, and single runs of it move by ~5%: more makes A/Bs of short text steadier),
+# SERVE_ARGS (extra `ttsbench serve` options), RUN_ARGS (extra `ttsbench
 # run` options, e.g. --clone-mode fresh: a new voice per clone request), DECODE_ARGS,
 # CODEC_DTYPES, CODEC_ARGS, PEER_STAGES (fastB official), WHEELS (folder of wheels to install first; default
 # .peer-bench/whl/common),
@@ -40,6 +42,7 @@ OUT=${OUT:-/tmp/gpu_bench}; mkdir -p "$OUT"
 SIZE=${SIZE:-0.6B}
 LEVELS=${LEVELS:-1,8,32,64,128}
 TASKS=${TASKS:-custom clone}
+PER_STREAM=${PER_STREAM:-4}
 SETS=${SETS:-short long}
 STAGES=${*:-env decode codec serve peers table}
 WORK=/tmp/gpu_bench_work; mkdir -p "$WORK"
@@ -136,7 +139,7 @@ EOF
       curl -s localhost:8091/health | tee "$OUT/health-$task.json"; echo  # start-up by phase, graphs and their memory
       for set_ in $SETS; do
         for c in ${LEVELS//,/ }; do
-          n=$(( c < 2 ? 4 : 4 * c ))  # 4 per stream: a full-load span long enough to be the steady state
+          n=$(( PER_STREAM * c ))  # 4 per stream: a full-load span long enough to be the steady state
           curl -s localhost:8091/metrics > "$WORK/metrics-before.txt"
           rm -f "$WORK/server-requests.jsonl"
           spy=

@@ -42,7 +42,7 @@ SCRIPT = textwrap.dedent("""
         for p in stack.parameters():
             p.normal_(0, 0.3)
     head = torch.randn(40, 48) * 0.3
-    triton_layers._TILES["attention"] = (2, 2)  # the attention kernel's other launch: both heads of a group at once
+    triton_layers._TILES["attention"]["wide"] = (2, 2)  # the wide layers' attention: both heads of a group at once
     checked = {"fused": 0, "wide": 0}
     for dtype, tol in ((torch.float32, 2e-5), (torch.bfloat16, 4e-2)):  # bfloat16: an ulp or two of the sums
         model, weight = stack.to(dtype), head.to(dtype)

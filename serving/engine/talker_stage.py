@@ -34,11 +34,11 @@ from serving.model.transfer import upload
 
 PREFILL_TOKEN_BUDGET = 8192  # prompt positions per batched prefill pass (bounds the stall and its memory)
 PREFILL_GRAPH_MAX_LEN = 1024  # longest prompt bucket with a prefill graph (its scratch cache is that long)
-# Which layers a step of b rows runs (H100, 0.6B, decode_bench.py, docs/performance.md twenty-seventh pass): the
-# code predictor's fused layers up to FUSED_CP_ROWS (at 6-8 rows their input-norm products trail cuBLAS's: the wide
-# layers' frame is 4.5% shorter), the talker's fused layers up to FUSED_TALKER_ROWS (4 rows: 1.7B 13% slower), its
-# wide layers from WIDE_TALKER_ROWS (from 3 rows a frame 5-7% shorter than the compiled modules' over the KV bucket,
-# contexts of 38 and 200-600 positions), the compiled modules in between (none)
+# Which layers a step of b rows runs (H100, decode_bench.py, docs/performance.md twenty-seventh pass): the code
+# predictor's fused layers up to FUSED_CP_ROWS (at 6-8 rows their input-norm products trail cuBLAS's and the wide
+# layers' frame is 4.5% shorter; at 1-4 rows the fused layers' is), the talker's fused layers up to
+# FUSED_TALKER_ROWS (wide at 1-2 rows: 0.6B 8-12% slower; fused at 4 rows: 1.7B 13% slower), its wide layers from
+# there on (at 3-24 rows a frame 5-7% shorter, 1.7B 3-7%, than through the compiled modules over the KV bucket)
 FUSED_CP_ROWS = 4
 FUSED_TALKER_ROWS = 2
 WIDE_TALKER_ROWS = FUSED_TALKER_ROWS + 1

@@ -390,9 +390,10 @@ _TILES = {"qkv": {"gemv": (2, 1024, 2, 3), "dot": (32, 128, 4, 3)},
           "o": {"gemv": (2, 2048, 4, 3), "dot": (16, 256, 4, 4)},
           "down": {"gemv": (1, 1024, 2, 3), "dot": (16, 256, 4, 4)},
           "head": {"gemv": (4, 1024, 2, 3), "dot": (16, 256, 4, 3)},
-          # the attention kernel over a short cache: (query heads per program, warps) at every row count; session
-          # 32's decode_bench: a 32-row frame 1.3% shorter than with a group's two heads per program over 16 rows
-          "attention": (1, 1)}
+          # the attention kernel over a short cache: (query heads per program, warps), for calls of up to
+          # MAX_ROWS rows (the fused layers) and for more (the wide layers); fused_layers_bench --attention-only,
+          # session 16: one warp per program throughout, a group's two heads per program over 16 rows
+          "attention": {"few": (1, 1), "wide": (2, 1)}}
 
 
 @functools.cache
@@ -456,7 +457,7 @@ def attention(qkv: torch.Tensor, attn, cos: torch.Tensor, sin: torch.Tensor, pos
     shared = (qkv, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin, positions)
     pdl = _pdl(qkv.device, qkv.shape[0])
     if k_cache.shape[2] <= MAX_KEYS:
-        heads_per, warps = _TILES["attention"]
+        heads_per, warps = _TILES["attention"]["few" if qkv.shape[0] <= MAX_ROWS else "wide"]
         if (attn.num_heads // attn.num_kv_heads) % heads_per:
             heads_per = 1
         _attention_kernel[(batch, attn.num_heads // heads_per)](
