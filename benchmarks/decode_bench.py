@@ -14,8 +14,8 @@ which do not fit in L2), plus each row's KV cache up to --context; over the copy
 from __future__ import annotations
 
 import argparse
-import re
 import json
+import re
 import statistics
 import time
 

@@ -139,7 +139,7 @@ EOF
       curl -s localhost:8091/health | tee "$OUT/health-$task.json"; echo  # start-up by phase, graphs and their memory
       for set_ in $SETS; do
         for c in ${LEVELS//,/ }; do
-          n=$(( PER_STREAM * c ))  # 4 per stream: a full-load span long enough to be the steady state
+          n=$(( PER_STREAM * c ))  # 4 per stream by default: a full-load span long enough to be the steady state
           curl -s localhost:8091/metrics > "$WORK/metrics-before.txt"
           rm -f "$WORK/server-requests.jsonl"
           spy=

@@ -239,10 +239,16 @@ class Codebook(nn.Module):
         self.cluster_usage = nn.Parameter(torch.ones(codebook_size))
         self.embedding_sum = nn.Parameter(torch.zeros(codebook_size, dim))
 
+    def usage(self) -> torch.Tensor:
+        return self.cluster_usage.clamp(min=1e-5)
+
+    def vectors(self) -> torch.Tensor:
+        """Every code's vector (codebook_size, dim)."""
+        return self.embedding_sum / self.usage()[:, None]
+
     def lookup(self, codes_bt: torch.Tensor) -> torch.Tensor:
         # Gather then divide: the same per-element quotient as dividing the whole table first, 2048x cheaper.
-        usage = self.cluster_usage.clamp(min=1e-5)
-        return F.embedding(codes_bt, self.embedding_sum) / usage[codes_bt].unsqueeze(-1)
+        return F.embedding(codes_bt, self.embedding_sum) / self.usage()[codes_bt].unsqueeze(-1)
 
 
 class _CodebookHolder(nn.Module):
@@ -322,8 +328,7 @@ class SplitResidualVectorQuantizer(nn.Module):
                   for p in (rvq.output_proj.weight, *rvq.vq.parameters())]
         stamp = weights_stamp(params)
         if self._table is None or self._table[0] != stamp:
-            parts = [F.linear(holder._codebook.embedding_sum / holder._codebook.cluster_usage.clamp(min=1e-5)[:, None],
-                              rvq.output_proj.weight[:, :, 0])
+            parts = [F.linear(holder._codebook.vectors(), rvq.output_proj.weight[:, :, 0])
                      for rvq in (self.rvq_first, self.rvq_rest) for holder in rvq.vq.layers]
             offsets = torch.arange(len(parts), device=parts[0].device) * parts[0].shape[0]
             self._table = (stamp, torch.cat(parts), offsets)
