@@ -309,8 +309,9 @@ def _drain(move=None):
     """Three shorter requests and a long one after them, submitted at once to an engine of 4 slots. However the
     submissions fall across the talker's steps, the requests in slots 1 and 2 end first, which leaves slots 0
     and 3 running: the long one moves to slot 1, and once slot 0's request ends, to slot 0; no other request
-    moves. Returns the long one's audio alone, the wave's audio (or errors), the long one's audio after the
-    wave, and the engine's slot moves."""
+    moves (rows move at the first step they sit above their bucket: the mechanics, not the scheduler's wait).
+    Returns the long one's audio alone, the wave's audio (or errors), the long one's audio after the wave, and
+    the engine's slot moves."""
     def request(seed, frames):
         return GenerationRequest(task="CustomVoice", text=f"Request {seed}.", speaker="vivian",
                                  max_new_tokens=frames, sampling=SamplingParams(seed=seed))
@@ -324,6 +325,7 @@ def _drain(move=None):
     async def main():
         engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), max_queue=4, **CONFIG))
         await engine.start()
+        engine.scheduler.compact_after = 1
         try:
             alone = await audio(engine, request(9, 24))
             if move is not None:

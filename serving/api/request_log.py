@@ -4,13 +4,16 @@ The Prometheus phase histograms give means over many requests; a burst's tail ne
 milestones (serving.engine.engine.TIMELINE) in ms since it arrived, beside the batch sizes it met. `arrival`
 is the server's monotonic clock, which on one machine is the harness's too (requests.jsonl `t_start`), so the
 two files line up. Each line is appended with the file opened for that write alone: the file may be moved away
-between load levels and the next request starts a new one.
+between load levels and the next request starts a new one. The write is one os.write on an O_APPEND descriptor:
+4.1 us a line on the VM against 11.3 through Path.open's text layer, which py-spy found in ~40 of the server
+main thread's ~500 active samples at 128 streams of short text (H100, docs/performance.md twenty-eighth pass).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 log = logging.getLogger("serving.api")
@@ -37,8 +40,11 @@ class RequestLog:
             **stream.batches,
         }
         try:
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (json.dumps(record) + "\n").encode())
+            finally:
+                os.close(fd)
         except OSError as exc:
             if not self._failed:
                 log.error("cannot write the request log %s: %s", self.path, exc)

@@ -469,7 +469,7 @@ class Engine:
             return time.monotonic()
         now = time.monotonic()
         self.observe("talker_step", now - max(launched, last_codes))
-        dealt = 0
+        dealt, ended_now = 0, []
         for slot, stream in rows:
             if stream.slot is None or stream.cancelled:  # ended at the previous step, or its client left
                 continue
@@ -478,7 +478,7 @@ class Engine:
                 stream.codec.pending.append(codes[slot])
                 stream.frames += 1
             if ended[slot] or stream.frames >= stream.max_frames:
-                self._release(stream)
+                ended_now.append(stream)
                 stream.codec.finished = True
                 stream.mark("last_frame", now)
             if stream.codec.due_since is None and stream.codec.due():
@@ -486,6 +486,7 @@ class Engine:
                 if stream.codec.decoded_frames == 0:
                     self.observe("first_frames", now - stream.marks["prefilled"])
                     stream.mark("first_due", now)
+        self._release(ended_now)
         self._frames_total += dealt
         self._recent_frames.append((now, dealt))
         while now - self._recent_frames[0][0] > RECENT_FRAMES_S:
@@ -545,21 +546,25 @@ class Engine:
             self._codec_streams.append(stream)
 
     def _drop_cancelled(self) -> None:
-        for _, stream in self.scheduler.running():
-            if stream.cancelled:
-                self._release(stream)
-                if stream.codec is not None:
-                    stream.codec.finished = True
-                    stream.codec.pending.clear()
+        cancelled = [stream for _, stream in self.scheduler.running() if stream.cancelled]
+        self._release(cancelled)
+        for stream in cancelled:
+            if stream.codec is not None:
+                stream.codec.finished = True
+                stream.codec.pending.clear()
 
-    def _release(self, stream: RequestStream) -> None:
-        if stream.slot is not None:
-            self.scheduler.release(stream.slot)
-            self.runner.release(stream.slot)
-            stream.slot = None
+    def _release(self, streams: list[RequestStream]) -> None:
+        """Free the KV slots of streams the talker is done with, in one call to the runner (a step at 128 streams
+        of short text ends ~4 requests)."""
+        slots = [stream.slot for stream in streams if stream.slot is not None]
+        for stream in streams:
+            if stream.slot is not None:
+                self.scheduler.release(stream.slot)
+                stream.slot = None
+        self.runner.release(*slots)
 
     def _fail(self, stream: RequestStream, error: Exception) -> None:
-        self._release(stream)
+        self._release([stream])
         if stream in self._codec_streams:
             self._codec_streams.remove(stream)
             self.codec.release(stream.codec)

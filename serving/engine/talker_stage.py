@@ -317,30 +317,39 @@ class TalkerRunner:
 
     def _init_slots(self, entries: list) -> None:
         """Set up the slots of prefilled requests, (slot, request, prompt, last hidden) each: each per-slot tensor
-        gets one write for all of them (a burst of 127 took ~16 small writes per slot, 30-40 ms)."""
-        idx = upload([e[0] for e in entries], torch.int64, self.device)
+        gets one write for all of them, from two uploads (one of integers, one of floats) and one write of all
+        their trailing text. A burst of 127 took ~16 small writes per slot, 30-40 ms; then an upload and an indexed
+        assignment per tensor were ~2.3 ms of the talker thread's host time per admission at 128 streams of short
+        text (py-spy, H100, docs/performance.md twenty-eighth pass)."""
+        slots = [e[0] for e in entries]
+        idx = upload(slots, torch.int64, self.device)
         sps = [e[1].sampling for e in entries]
         lengths = [e[2].prefill.shape[0] for e in entries]
         trailing = [e[2].trailing.shape[0] for e in entries]
-        for (slot, _, prompt, _), length, t, sp in zip(entries, lengths, trailing, sps):
-            if t:
-                self.trailing[slot, :t] = prompt.trailing.to(device=self.device, dtype=self.dtype)
+        for (slot, _, _, _), length, sp in zip(entries, lengths, sps):
             self.lengths[slot] = length
             self.candidate_ok[slot] = (eligible(sp.do_sample, sp.top_k, sp.top_p)
                                        and eligible(sp.subtalker_do_sample, sp.subtalker_top_k, sp.subtalker_top_p))
+        if any(trailing):
+            width = self.trailing.shape[1]
+            rows = upload([slot * width + i for slot, t in zip(slots, trailing) for i in range(t)], torch.int64,
+                          self.device)
+            text = torch.cat([e[2].trailing for e, t in zip(entries, trailing) if t])
+            self.trailing.view(-1, self.trailing.shape[-1]).index_copy_(0, rows, text.to(self.dtype))
         tp, cp = self.talker_params, self.cp_params
-        columns = (
-            (self.pos, lengths), (self.trailing_len, trailing), (self.seed, [sp.seed for sp in sps]),
-            (self.rep_penalty, [sp.repetition_penalty for sp in sps]),
-            (tp.do_sample, [sp.do_sample for sp in sps]), (tp.temperature, [sp.temperature for sp in sps]),
-            (tp.top_k, [sp.top_k for sp in sps]), (tp.top_p, [sp.top_p for sp in sps]),
-            (cp.do_sample, [sp.subtalker_do_sample for sp in sps]),
-            (cp.temperature, [sp.subtalker_temperature for sp in sps]),
-            (cp.top_k, [sp.subtalker_top_k for sp in sps]), (cp.top_p, [sp.subtalker_top_p for sp in sps]),
-        )
-        for target, values in columns:
-            target[idx] = upload(values, target.dtype, self.device)
-        self.hidden[idx] = torch.stack([e[3] for e in entries]).to(self.hidden.dtype)
+        integers = ((self.pos, lengths), (self.trailing_len, trailing), (self.seed, [sp.seed for sp in sps]),
+                    (tp.do_sample, [sp.do_sample for sp in sps]), (tp.top_k, [sp.top_k for sp in sps]),
+                    (cp.do_sample, [sp.subtalker_do_sample for sp in sps]),
+                    (cp.top_k, [sp.subtalker_top_k for sp in sps]))
+        floats = ((self.rep_penalty, [sp.repetition_penalty for sp in sps]),
+                  (tp.temperature, [sp.temperature for sp in sps]), (tp.top_p, [sp.top_p for sp in sps]),
+                  (cp.temperature, [sp.subtalker_temperature for sp in sps]),
+                  (cp.top_p, [sp.subtalker_top_p for sp in sps]))
+        for columns, dtype in ((integers, torch.int64), (floats, torch.float32)):
+            values = upload([v for _, column in columns for v in column], dtype, self.device).view(len(columns), -1)
+            for (target, _), row in zip(columns, values):
+                target.index_copy_(0, idx, row.to(target.dtype))
+        self.hidden.index_copy_(0, idx, torch.stack([e[3] for e in entries]).to(self.hidden.dtype))
         for target, value in ((self.active, 1), (self.generated, 0), (self.seen, False)):
             target.index_fill_(0, idx, value)  # a kernel: `target[idx] = value` would wait for the step in flight
 
@@ -376,18 +385,23 @@ class TalkerRunner:
                 self._voice_cache.put(key, value)
         return value
 
-    def release(self, slot: int) -> None:
-        """Free a slot. Its device writes go on the talker's stream: on the caller's (default) stream they would
-        queue behind the codec's kernels and could land after the slot's next prefill, zeroing the new
-        request's position (the talker stream never waits for the default one). They are kernels that only
-        queue: `self.active[slot] = 0` copies its 0 from the host, which first waits for the stream, i.e. for
-        the step in flight, and this runs on the engine's loop (H100: 2.8 ms between a request's last frame and
-        its last codec call at batch 1; benchmarks/host_write_sync.py, docs/performance.md)."""
-        self.candidate_ok[slot] = True
-        self.lengths[slot] = 0
+    def release(self, *slots: int) -> None:
+        """Free slots, all with one upload and two kernels (the engine frees every request that ended at a step
+        at once). The device writes go on the talker's stream: on the caller's (default) stream they would
+        queue behind the codec's kernels and could land after a slot's next prefill, zeroing the new request's
+        position (the talker stream never waits for the default one). They are kernels that only queue:
+        `self.active[slot] = 0` copies its 0 from the host, which first waits for the stream, i.e. for the step
+        in flight, and this runs on the engine's loop (H100: 2.8 ms between a request's last frame and its last
+        codec call at batch 1; benchmarks/host_write_sync.py, docs/performance.md)."""
+        if not slots:
+            return
+        for slot in slots:
+            self.candidate_ok[slot] = True
+            self.lengths[slot] = 0
         with self._on_stream():
-            self.active[slot].zero_()
-            self.pos[slot].zero_()
+            idx = upload(list(slots), torch.int64, self.device)
+            self.active.index_fill_(0, idx, 0)
+            self.pos.index_fill_(0, idx, 0)
 
     @torch.inference_mode()
     def move(self, moves: list[tuple[int, int]]) -> None:
@@ -604,8 +618,7 @@ class TalkerRunner:
         results = self.prefill_many(list(enumerate(requests)))
         if all(isinstance(result, ValueError) for result in results):
             raise RuntimeError(f"start-up admission: no warm-up prompt fits ({results[0]})")
-        for slot in range(len(requests)):
-            self.release(slot)
+        self.release(*range(len(requests)))
 
     def warmup(self) -> None:
         """Run every bucket's step once on empty slots (allocations, kernel selection, compilation), and capture
