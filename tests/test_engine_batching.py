@@ -62,6 +62,43 @@ def test_codes_of_a_request_are_the_same_alone_or_in_any_batch_and_slot(stages):
     assert ((alone[0] >= 0) & (alone[0] < 2048)).all()
 
 
+def test_an_admission_sets_up_every_slot_from_its_request_and_prompt(stages):
+    """prefill_many writes all its slots at once (two uploads, one write of all trailing text): each slot holds its
+    own prompt's position and streamed text, its request's seed and sampling of every kind, whatever the slots
+    held before, and a slot's release clears what the next step reads."""
+    runner = stages[0]
+    streamed = [GenerationRequest(task="CustomVoice", text=text, speaker="ryan", max_new_tokens=6,
+                                  non_streaming_mode=False, sampling=SamplingParams(seed=7 + i, temperature=0.5 + i,
+                                                                                    top_k=3 + i, top_p=0.8))
+                for i, text in enumerate(("Streamed in, word by word.", "A much longer line of text that goes on, "
+                                                                        "and on, as the frames go by."))]
+    reqs = streamed + requests()[1:]
+    runner.prefill_many([(slot, reqs[-1 - slot]) for slot in range(4)])  # other requests' state first
+    runner.decode_step(4)
+    runner.release(0, 1, 2, 3)
+    placed = [(3, reqs[0]), (0, reqs[1]), (2, reqs[2]), (1, reqs[3])]
+    prompts = [built[0] for built in runner.prompts.build_many([r for _, r in placed], lambda key, compute: compute())]
+    results = runner.prefill_many(placed)
+    assert not any(isinstance(r, Exception) for r in results)
+    for (slot, req), prompt in zip(placed, prompts):
+        sp, n, t = req.sampling, prompt.prefill.shape[0], prompt.trailing.shape[0]
+        assert runner.lengths[slot] == int(runner.pos[slot]) == n and int(runner.trailing_len[slot]) == t
+        assert torch.equal(runner.trailing[slot, :t], prompt.trailing.to(runner.trailing.dtype))
+        assert (int(runner.active[slot]), int(runner.generated[slot]), bool(runner.seen[slot].any())) == (1, 0, False)
+        assert int(runner.seed[slot]) == sp.seed and float(runner.rep_penalty[slot]) == pytest.approx(
+            sp.repetition_penalty)
+        for params, (do_sample, temperature, top_k, top_p) in (
+                (runner.talker_params, (sp.do_sample, sp.temperature, sp.top_k, sp.top_p)),
+                (runner.cp_params, (sp.subtalker_do_sample, sp.subtalker_temperature, sp.subtalker_top_k,
+                                    sp.subtalker_top_p))):
+            assert bool(params.do_sample[slot]) == do_sample and int(params.top_k[slot]) == top_k
+            assert float(params.temperature[slot]) == pytest.approx(temperature)
+            assert float(params.top_p[slot]) == pytest.approx(top_p)
+    assert int(runner.trailing_len[3]) > 3 and int(runner.trailing_len[0]) > int(runner.trailing_len[3])
+    runner.release(0, 1, 2, 3)
+    assert not runner.active.any() and not runner.pos.any() and runner.lengths[:4] == [0] * 4
+
+
 def test_a_moved_request_goes_on_with_the_codes_it_would_have_had_in_place(stages):
     """Compaction moves a running request to a lower slot between steps: every piece of its state goes with it
     (caches, history, sampling, trailing text), its old slot is freed, and a request beside it is untouched.
@@ -309,9 +346,8 @@ def _drain(move=None):
     """Three shorter requests and a long one after them, submitted at once to an engine of 4 slots. However the
     submissions fall across the talker's steps, the requests in slots 1 and 2 end first, which leaves slots 0
     and 3 running: the long one moves to slot 1, and once slot 0's request ends, to slot 0; no other request
-    moves (rows move at the first step they sit above their bucket: the mechanics, not the scheduler's wait).
-    Returns the long one's audio alone, the wave's audio (or errors), the long one's audio after the wave, and
-    the engine's slot moves."""
+    moves. Returns the long one's audio alone, the wave's audio (or errors), the long one's audio after the
+    wave, and the engine's slot moves."""
     def request(seed, frames):
         return GenerationRequest(task="CustomVoice", text=f"Request {seed}.", speaker="vivian",
                                  max_new_tokens=frames, sampling=SamplingParams(seed=seed))
@@ -325,7 +361,6 @@ def _drain(move=None):
     async def main():
         engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), max_queue=4, **CONFIG))
         await engine.start()
-        engine.scheduler.compact_after = 1
         try:
             alone = await audio(engine, request(9, 24))
             if move is not None:

@@ -50,7 +50,7 @@ def test_bucket_shrinks_as_high_slots_free():
 def test_compaction_moves_the_rows_above_the_needed_bucket_into_the_lowest_free_slots():
     """A draining wave leaves its last rows high in the cache; they move down as far as the bucket the running
     rows need, highest-numbered into lowest free first, and rows that already fit that bucket never move."""
-    s = Scheduler(num_slots=32, max_queue=0, compact_after=1)
+    s = Scheduler(num_slots=32, max_queue=0)
     for i in range(32):
         s.submit(f"r{i}")
     s.admit()
@@ -78,25 +78,6 @@ def test_steady_load_moves_nothing():
     assert s.compact() == []  # 6 rows still need 8
     s.submit(8)
     assert s.admit() == [(2, 8)] and s.compact() == []
-
-
-def test_rows_move_only_after_sitting_above_their_bucket_for_compact_after_steps():
-    """A dip that new requests fill within the steps moves nothing; one that lasts moves its rows on the last."""
-    s = Scheduler(num_slots=16, max_queue=16, buckets=(8, 16), compact_after=3)
-    for i in range(16):
-        s.submit(i)
-    s.admit()
-    for slot in range(9):
-        s.release(slot)
-    assert s.compact() == [] and s.compact() == []  # 7 rows need 8: two steps so far
-    s.submit("a"), s.submit("b")
-    assert s.admit() == [(0, "a"), (1, "b")] and s.compact() == []  # 9 rows need 16 again: the count restarts
-    s.release(0), s.release(1)
-    assert s.compact() == [] and s.compact() == []
-    assert s.compact() == [(9, 0), (10, 1), (11, 2), (12, 3), (13, 4), (14, 5), (15, 6)] and s.bucket() == 8
-    assert s.compact() == []
-    with pytest.raises(ValueError):
-        Scheduler(num_slots=4, max_queue=0, compact_after=0)
 
 
 def test_cancelled_waiting_requests_leave_the_queue():

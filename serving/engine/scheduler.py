@@ -13,12 +13,6 @@ from collections import deque
 from typing import Callable, Generic, TypeVar
 
 T = TypeVar("T")
-# Steps in a row that the running rows must fit a smaller bucket than they occupy before they move down. A slot
-# freed under steady load is taken again within a few steps (a closed-loop client's next request); moving rows
-# for every such dip cost 414 moves in a level of 128 streams of short text, each a talker-thread call of ~50
-# launches between a prefill and the next step (H100, docs/performance.md twenty-eighth pass). A draining wave's
-# rows stay put for this many steps at most.
-COMPACT_AFTER_STEPS = 12
 
 
 class QueueFullError(Exception):
@@ -45,10 +39,9 @@ def pick_bucket(rows: int, buckets: tuple[int, ...]) -> int:
 
 class Scheduler(Generic[T]):
     def __init__(self, num_slots: int, max_queue: int, buckets: tuple[int, ...] | None = None,
-                 ready: Callable[[T], bool] = lambda item: True, compact_after: int = COMPACT_AFTER_STEPS):
+                 ready: Callable[[T], bool] = lambda item: True):
         """`ready`: whether a waiting request may take a slot yet (a voice clone's reference may still be being
-        encoded); requests that are not wait in their place while later ready ones go ahead. `compact_after`:
-        calls of `compact` in a row that must find the rows above their bucket before they move."""
+        encoded); requests that are not wait in their place while later ready ones go ahead."""
         if num_slots < 1:
             raise ValueError("the KV cache must hold at least one request")
         if max_queue < 0:
@@ -59,10 +52,6 @@ class Scheduler(Generic[T]):
         if self.buckets[-1] < num_slots:
             raise ValueError("the largest bucket must cover every slot")
         self.ready = ready
-        if compact_after < 1:
-            raise ValueError("compact_after must be at least 1")
-        self.compact_after = compact_after
-        self._loose = 0  # calls of compact in a row that found the rows above the bucket they need
         self.waiting: deque[T] = deque()
         self.slots: list[T | None] = [None] * num_slots
 
@@ -124,19 +113,13 @@ class Scheduler(Generic[T]):
         return len(self.waiting)
 
     def compact(self) -> list[tuple[int, int]]:
-        """Once per step: after `compact_after` steps in a row whose running rows sat above the bucket they need,
-        move those above it into the lowest free slots: (from, to) pairs, for the talker stage to move their
-        state. Steady load moves nothing: rows freed and taken again within those steps stay where they are. A
-        draining wave's tail then steps over its few rows instead of the wave's width (H100, 0.6B: a frame of 1
-        row 2.8 ms, of 32 rows 4.5 ms, docs/performance.md)."""
+        """Move the requests above the bucket the running ones need into the lowest free slots: (from, to) pairs,
+        for the talker stage to move their state; none while the rows fit that bucket, so steady load moves
+        nothing. A draining wave's tail then steps over its few rows instead of the wave's width (H100, 0.6B: a
+        frame of 1 row 2.8 ms, of 32 rows 4.5 ms, docs/performance.md)."""
         need = pick_bucket(self.num_running, self.buckets) if self.num_running else 0
-        above = [src for src in range(need, self.num_slots) if self.slots[src] is not None]
-        self._loose = self._loose + 1 if above else 0
-        if self._loose < self.compact_after:
-            return []
-        self._loose = 0
         free = [i for i in range(need) if self.slots[i] is None]
-        moves = [(src, free.pop(0)) for src in above]
+        moves = [(src, free.pop(0)) for src in range(need, self.num_slots) if self.slots[src] is not None]
         for src, dst in moves:
             self.slots[dst], self.slots[src] = self.slots[src], None
         return moves
