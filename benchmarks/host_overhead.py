@@ -62,7 +62,7 @@ class StubTalker:
     def prefill_many(self, items: list) -> list:
         return [(np.zeros((0, GROUPS), dtype=np.int64), self.frames) for _ in items]
 
-    def release(self, slot: int) -> None:
+    def release(self, *slots: int) -> None:
         pass
 
     def move(self, moves: list) -> None:

@@ -137,14 +137,17 @@ class SpeechServer:
     def _require_ready(self) -> Capabilities:
         if self._startup_error:
             raise APIError(503, f"the model failed to load: {self._startup_error}", code="model_load_failed")
+        if self.engine.error:
+            raise APIError(503, f"the engine stopped serving: {self.engine.error}", code="engine_failed")
         if self.caps is None or not self.engine.ready:
             raise APIError(503, "the model is still loading; retry shortly", code="model_loading",
                            headers={"Retry-After": "5"})
         return self.caps
 
     async def health(self, _request: web.Request) -> web.Response:
-        if self._startup_error:
-            return web.json_response({"status": "error", "error": self._startup_error}, status=503)
+        if self._startup_error or self.engine.error:
+            return web.json_response({"status": "error", "error": self._startup_error or self.engine.error},
+                                     status=503)
         if self.caps is None or not self.engine.ready:
             return web.json_response({"status": "loading"}, status=503)
         return web.json_response({"status": "ok", "model": self.caps.model_names[0],
@@ -268,6 +271,8 @@ class SpeechServer:
                            headers={"Retry-After": retry}) from None
         except ValueError as exc:  # e.g. a prompt longer than the KV cache holds
             raise bad_request(str(exc), "input") from None
+        except RequestFailed as exc:  # the engine stopped serving (Engine.error)
+            raise APIError(exc.status, str(exc), code="engine_failed") from None
         headers = {"X-Request-Id": gen.request_id, "X-Sample-Rate": str(audio.SAMPLE_RATE),
                    "X-Seed": str(gen.sampling.seed)}
         try:

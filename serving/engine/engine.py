@@ -212,6 +212,7 @@ class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.ready = False
+        self.error: str | None = None  # why the engine stopped serving (a stage's loop failed: _stage_ended)
         self.info: EngineInfo | None = None
         self.runner = None  # TalkerRunner, built in start()
         self.codec = None  # CodecRunner
@@ -275,7 +276,26 @@ class Engine:
         gc.freeze()
         self._tasks = [loop.create_task(self._talker_loop(), name="talker"),
                        loop.create_task(self._codec_loop(), name="codec")]
+        for task in self._tasks:
+            task.add_done_callback(self._stage_ended)
         self.ready = True
+
+    def _stage_ended(self, task: asyncio.Task) -> None:
+        """A stage's loop that ends by an error while serving (a bug: the calls that may fail are guarded) stops
+        the engine: every request in it fails and new ones are refused (503; /health says why), where they would
+        otherwise wait for audio that never comes while the server looked healthy."""
+        if self._stopping or task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error("the engine's %s loop failed; the engine serves nothing more", task.get_name(), exc_info=exc)
+        self.error = f"the {task.get_name()} stage failed: {type(exc).__name__}: {exc}"
+        self.ready = False
+        for other in self._tasks:
+            other.cancel()
+        failed = RequestFailed(f"generation failed: {self.error}")
+        streams = list(self.scheduler.waiting) + [s for _, s in self.scheduler.running()] + self._codec_streams
+        for stream in dict.fromkeys(streams):
+            stream.put(failed)
 
     async def shutdown(self) -> None:
         if self._loop is None or self._loop.is_closed():  # never started, or already shut down
@@ -318,7 +338,9 @@ class Engine:
     # --- requests ----------------------------------------------------------------------------------------
     async def submit(self, request: GenerationRequest) -> RequestStream:
         """Queue a request; its stream is read on the caller's loop. Raises QueueFullError when over capacity,
-        ValueError when it cannot fit."""
+        ValueError when it cannot fit, RequestFailed (503) once the engine has stopped serving."""
+        if self.error is not None:
+            raise RequestFailed(f"the engine stopped serving: {self.error}", 503)
         if not self.ready:
             raise QueueFullError("the engine is not ready")
         if request.max_new_tokens >= self.config.max_model_len:
