@@ -334,7 +334,7 @@ class TalkerRunner:
             width = self.trailing.shape[1]
             rows = upload([slot * width + i for slot, t in zip(slots, trailing) for i in range(t)], torch.int64,
                           self.device)
-            text = torch.cat([e[2].trailing for e, t in zip(entries, trailing) if t])
+            text = torch.cat([e[2].trailing for e in entries])  # [0, H] where a prompt has none
             self.trailing.view(-1, self.trailing.shape[-1]).index_copy_(0, rows, text.to(self.dtype))
         tp, cp = self.talker_params, self.cp_params
         integers = ((self.pos, lengths), (self.trailing_len, trailing), (self.seed, [sp.seed for sp in sps]),
