@@ -62,12 +62,6 @@ class StubTalker:
     def prefill_many(self, items: list) -> list:
         return [(np.zeros((0, GROUPS), dtype=np.int64), self.frames) for _ in items]
 
-    def prefill_beside(self, items: list) -> tuple[list, None]:
-        return self.prefill_many(items), None
-
-    def settle(self, admission) -> None:
-        pass
-
     def release(self, *slots: int) -> None:
         pass
 

@@ -339,50 +339,6 @@ def test_a_step_launched_past_a_requests_end_never_reaches_the_next_request_in_i
     assert len(alone) == 5 * 1920 and np.abs(second - alone).max() < 1e-5
 
 
-def test_a_request_admitted_beside_a_running_step_sits_it_out_with_the_codes_it_has_alone():
-    """With a step in flight, a new request's prompt is built at once and its passes and slot setup wait for the
-    next step's launch (TalkerRunner.prefill_beside, then settle): it sits that step out, so no running request
-    waits for its prefill. Its audio and the running request's are what each has alone."""
-    calls = []
-
-    async def audio(engine, request):
-        return np.concatenate([c async for c in await engine.submit(request)])
-
-    def running():
-        return GenerationRequest(task="CustomVoice", text="Running along.", speaker="vivian", max_new_tokens=24,
-                                 sampling=SamplingParams(seed=11))
-
-    def arriving():
-        return GenerationRequest(task="CustomVoice", text="Coming in.", speaker="ryan", max_new_tokens=7,
-                                 non_streaming_mode=False, sampling=SamplingParams(seed=12, top_k=9))
-
-    async def main():
-        engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), max_queue=4, **CONFIG))
-        await engine.start()
-        try:
-            for name in ("prefill_many", "prefill_beside", "launch", "settle"):
-                def spy(*args, _real=getattr(engine.runner, name), _name=name):
-                    calls.append(_name)
-                    return _real(*args)
-                setattr(engine.runner, name, spy)
-            alone = await audio(engine, running()), await audio(engine, arriving())
-            calls.clear()
-            stream = await engine.submit(running())
-            chunks = [await stream.__anext__()]  # its steps are under way
-            later = asyncio.create_task(audio(engine, arriving()))
-            chunks += [c async for c in stream]
-            return alone, (np.concatenate(chunks), await later)
-        finally:
-            await engine.shutdown()
-
-    alone, together = asyncio.run(main())
-    assert calls[0] == "prefill_many" and "prefill_beside" in calls  # the first alone, the second beside a step
-    beside = calls.index("prefill_beside")
-    assert calls[beside + 1:beside + 3] == ["launch", "settle"]
-    for got, want in zip(together, alone):
-        assert len(got) == len(want) and np.abs(got - want).max() < 1e-5
-
-
 SHORT_FRAMES = (10, 3, 3)  # the wave's first three requests, in slots 0, 1, 2; the long one (24 frames) takes 3
 
 

@@ -42,8 +42,7 @@ RECENT_FRAMES_S = 5.0  # the window of stats()' frames_per_second
 TIMELINE = {
     "submit": "the handler hands the request to the engine",
     "admitted": "it takes a KV slot; its prefill starts (with the others admitted at once)",
-    "prefilled": "its prefill is done (admitted while a step was in flight: its prompt is built, the passes run beside "
-                 "the next step, which it sits out)",
+    "prefilled": "its prefill is done",
     "first_due": "the frames of its first chunk are all generated",
     "first_codec_start": "the codec call of its first chunk starts",
     "first_codec_end": "that call's waveforms are on the host",
@@ -64,8 +63,7 @@ PHASES = {
     "voice": "a voice clone's reference new to the server: submitted -> encoded (speaker and codec encoders, on "
              "the voice thread beside the talker's steps; per new voice)",
     "queue": "request submitted -> admitted to a KV slot, its voice's encoding included (per request)",
-    "prefill": "the prefill of the requests admitted together: graphs or batched passes (per admission); while a step "
-               "is in flight, their prompts' build only (the passes run beside the next step: in first_frames)",
+    "prefill": "the prefill of the requests admitted together: graphs or batched passes (per admission)",
     "first_frames": "prefill done -> the frames of the first chunk generated (per request)",
     "talker_step": "one decode step's codes on the host, timed from the later of its launch and the previous "
                    "step's codes: the pace of frames, prefills run in between included (per step)",
@@ -87,7 +85,7 @@ class EngineConfig:
     max_batch_size: int = 32
     max_queue: int = 64
     kv_cache_gb: float | None = None  # None: 40% of free GPU memory, or 2 GiB on CPU
-    max_model_len: int = 4096  # the KV slot's length: prompt + generated frames + 1 spare (see TalkerRunner._build)
+    max_model_len: int = 4096  # the KV slot's length: prompt + generated frames + 1 spare (see TalkerRunner._prefill_many)
     chunk_frames: int = 25
     first_chunk_frames: int = 2
     left_context_frames: int = 72  # voice clone: last reference frames that prime the codec's state (all: exact)
@@ -447,9 +445,7 @@ class Engine:
         One step stays in flight: step N+1 is queued on the GPU before step N's codes are dealt to their
         streams, so that host work (this loop, the HTTP handlers between steps) overlaps the GPU instead of
         leaving it idle between frames. A request that ended at step N has run step N+1 too; those codes are
-        dropped, since each step remembers which stream held each slot when it was launched. Requests admitted
-        while a step is in flight sit step N+1 out: their prefill runs beside it (TalkerRunner.prefill_beside),
-        so that no running stream waits for it, and they join at step N+2."""
+        dropped, since each step remembers which stream held each slot when it was launched."""
         loop = asyncio.get_running_loop()
         sched = self.scheduler
         inflight = None  # (handle, rows, launched at) of the step whose codes are not read yet
@@ -461,16 +457,13 @@ class Engine:
                 await self._wake_talker.wait()
                 continue
             admitted = sched.admit()
-            beside = None  # (admission, its streams): prefilled beside the next step, which they sit out
             if admitted:
-                beside = await self._prefill(admitted, beside=inflight is not None)
+                await self._prefill(admitted)
             self._drop_cancelled()
-            moves = sched.compact() if beside is None else []  # none of a prefill still under way
+            moves = sched.compact()
             if moves:
                 await self._move(moves)
             rows = sched.running()
-            if beside is not None:
-                rows = [(slot, stream) for slot, stream in rows if stream not in beside[1]]
             launched = None
             if rows:
                 t0 = time.monotonic()
@@ -480,8 +473,6 @@ class Engine:
                 except Exception:
                     log.exception("decode step failed; failing the running requests")
                     self._fail_rows(rows)
-            if beside is not None:
-                await self._settle(*beside)
             if inflight is not None:
                 last_codes = await self._deal(*inflight, last_codes)
             inflight = launched
@@ -546,10 +537,8 @@ class Engine:
             return
         self._slot_moves += len(moves)
 
-    async def _prefill(self, admitted: list, beside: bool) -> tuple | None:
-        """Prefill the admitted requests in one call to the talker thread, then hand each its codec stream. With a
-        step in flight (`beside`), only their prompts are built here; returns (the admission, its streams) for
-        _settle, after the next step's launch, or None."""
+    async def _prefill(self, admitted: list) -> None:
+        """Prefill the admitted requests in one call to the talker thread, then hand each its codec stream."""
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         running = self.scheduler.num_running - len(admitted)
@@ -558,19 +547,14 @@ class Engine:
             self.observe("queue", t0 - stream.marks["submit"])
             stream.mark("admitted", t0)
             stream.batches.update(prefill_batch=len(admitted), running=running)
-        items = [(slot, stream.request) for slot, stream in admitted]
-        admission = None
         try:
-            if beside:
-                results, admission = await loop.run_in_executor(self._talker_pool, self.runner.prefill_beside, items)
-            else:
-                results = await loop.run_in_executor(self._talker_pool, self.runner.prefill_many, items)
+            results = await loop.run_in_executor(self._talker_pool, self.runner.prefill_many,
+                                                 [(slot, stream.request) for slot, stream in admitted])
         except Exception as exc:
             log.exception("prefill failed for %d requests", len(admitted))
             results = [RequestFailed(f"generation failed: {type(exc).__name__}")] * len(admitted)
         done = time.monotonic()
         self.observe("prefill", done - t0)
-        streams = set()
         for (slot, stream), result in zip(admitted, results):
             if isinstance(result, Exception):  # the prompt does not fit, or bad reference audio
                 self._fail(stream, result if isinstance(result, RequestFailed) else RequestFailed(str(result), 400))
@@ -582,19 +566,6 @@ class Engine:
                 chunk_frames=self.config.chunk_frames,
                 prime_codes=context[len(context) - min(self.config.left_context_frames, len(context)):])
             self._codec_streams.append(stream)
-            streams.add(stream)
-        return (admission, streams) if beside and streams else None
-
-    async def _settle(self, admission, streams: set) -> None:
-        """The passes and slot setup of requests prefilled beside the step just launched (TalkerRunner.settle); a
-        failure fails them."""
-        try:
-            await asyncio.get_running_loop().run_in_executor(self._talker_pool, self.runner.settle, admission)
-        except Exception:
-            log.exception("prefill failed for %d requests", len(streams))
-            for stream in streams:
-                if stream.slot is not None:
-                    self._fail(stream, RequestFailed("generation failed"))
 
     def _drop_cancelled(self) -> None:
         cancelled = [stream for _, stream in self.scheduler.running() if stream.cancelled]

@@ -55,15 +55,6 @@ class _HostBuffer:
 
 
 @dataclass
-class Admission:
-    """Requests admitted beside a step in flight (TalkerRunner.prefill_beside): their prompts, built; their passes
-    and slots' setup wait for the next step's launch (TalkerRunner.settle)."""
-
-    built: list  # (slot, request, prompt) of each request whose prompt fits
-    ready: torch.cuda.Event | None = None  # on the talker's stream after the work queued so far (prefill stream only)
-
-
-@dataclass
 class StepHandle:
     """A launched decode step over slots [0, bucket): its codes on the host (CPU) or on their way (GPU)."""
 
@@ -174,13 +165,6 @@ class TalkerRunner:
         self.priority = greatest_priority() if device.type == "cuda" else 0
         self.graphs = FrameGraphs(lambda b, kv: self._step(b, kv, True), device, self.priority) if cuda_graphs else None
         self.stream = torch.cuda.Stream(device, priority=self.priority) if device.type == "cuda" else None
-        # Prefills beside a running step (prefill_beside) go on a stream of their own where no step stores a key at
-        # position 0 (the talker's fused and wide layers over a cache longer than their attention's short path):
-        # a free slot's row sits at position 0, and a step would otherwise write it while the prefill fills it
-        self._prefill_stream = None
-        if (self.stream is not None and self.fused_talker is not None and self.wide_talker is not None
-                and max_model_len > importlib.import_module("serving.engine.triton_layers").MAX_KEYS):
-            self._prefill_stream = torch.cuda.Stream(device, priority=self.priority)
         if self.stream is not None:  # pinned landing buffers for the codes of two outstanding steps (launch)
             self._buffers = [_HostBuffer(s, self.num_groups) for _ in range(2)]
             self._next_buffer = 0
@@ -259,49 +243,11 @@ class TalkerRunner:
         its padding). One result per item: (reference codes as codec left context, frame limit), or the
         ValueError that makes the request unservable (prompt too long, bad reference audio)."""
         with self._on_stream():
-            results, built = self._build(items)
-            self._init_slots(self._prefill_groups(built))
+            results = self._prefill_many(items)
         self._wait()  # the slots are ready before the next step is scheduled
         return results
 
-    @torch.inference_mode()
-    def prefill_beside(self, items: list[tuple[int, GenerationRequest]]) -> tuple[list, Admission]:
-        """prefill_many's results for requests admitted while a step is in flight, their prompts built but no pass
-        run: settle() runs the passes after the next step's launch, on the prefill stream beside that step (else
-        after it), and sets the slots up after it. The new requests sit that step out, a frame later than
-        through prefill_many, and no running stream's step waits for their prefill: a served step at 32 rows of
-        short text was ~4.4 ms, and an admission's prefill (~2 ms) ran before every second one (H100,
-        docs/performance.md twenty-ninth pass)."""
-        with self._on_stream():
-            results, built = self._build(items)
-        admission = Admission(built)
-        if self._prefill_stream is not None and built:
-            admission.ready = torch.cuda.Event()
-            admission.ready.record(self.stream)  # the step in flight, releases and moves: they touch these slots
-        return results, admission
-
-    @torch.inference_mode()
-    def settle(self, admission: Admission) -> None:
-        """Run an admission's passes and set its slots up (see prefill_beside); called after the step they sit
-        out was launched. The passes' hidden states cross to the talker's stream, which waits for them."""
-        if not admission.built:
-            return
-        if admission.ready is None:
-            with self._on_stream():
-                self._init_slots(self._prefill_groups(admission.built))
-            return
-        side = self._prefill_stream
-        with torch.cuda.stream(side):
-            side.wait_event(admission.ready)
-            entries = self._prefill_groups(admission.built)
-            for entry in entries:
-                entry[3].record_stream(self.stream)
-        with self._on_stream():
-            self.stream.wait_stream(side)
-            self._init_slots(entries)
-
-    def _build(self, items: list[tuple[int, GenerationRequest]]) -> tuple[list, list]:
-        """(results as prefill_many's, (slot, request, prompt) of each request whose prompt fits)."""
+    def _prefill_many(self, items: list[tuple[int, GenerationRequest]]) -> list:
         results: list = self.prompts.build_many([request for _, request in items], self._voice_cache_lookup)
         built = []
         for i, ((slot, request), result) in enumerate(zip(items, results)):
@@ -324,15 +270,15 @@ class TalkerRunner:
                 limit = frame_limit(self.length_policy, request.text, limit)
             results[i] = (ref_codes, limit)
             built.append((slot, request, prompt))
-        return results, built
+        self._prefill_groups(built)
+        return results
 
-    def _prefill_groups(self, built: list) -> list:
+    def _prefill_groups(self, built: list) -> None:
         """The admitted prompts in groups of similar length (sorted), each through the prefill graph of its
         (prompts, length) bucket, or, where none holds it (a prompt longer than every bucket, no graphs), in a
-        batched pass within PREFILL_TOKEN_BUDGET positions. Returns the entries of _init_slots, which sets the
-        slots up once for all after the passes, so the host never waits between them. An uncaptured pass costs
-        ~1 ms of host per compiled layer call, ~20 ms for a burst of 31 long prompts (more in a busy server),
-        where a graph's replay costs its GPU time."""
+        batched pass within PREFILL_TOKEN_BUDGET positions; the slots' setup once for all, after the passes, so
+        the host never waits between them. An uncaptured pass costs ~1 ms of host per compiled layer call, ~20 ms
+        for a burst of 31 long prompts (more in a busy server), where a graph's replay costs its GPU time."""
         def held(count: int, longest: int) -> bool:
             return self.prefill_graphs is not None and self.prefill_graphs.bucket(count, longest) is not None
 
@@ -347,7 +293,8 @@ class TalkerRunner:
             tokens += length
         if group:
             done += self._prefill_group(group)
-        return done
+        if done:
+            self._init_slots(done)
 
     def _prefill_group(self, group: list) -> list:
         """One pass over a group's prompts, written straight into their slots: its graph's, else a batched pass
@@ -374,8 +321,6 @@ class TalkerRunner:
         their trailing text. A burst of 127 took ~16 small writes per slot, 30-40 ms; then an upload and an indexed
         assignment per tensor were ~2.3 ms of the talker thread's host time per admission at 128 streams of short
         text (py-spy, H100, docs/performance.md twenty-eighth pass)."""
-        if not entries:
-            return
         slots = [e[0] for e in entries]
         idx = upload(slots, torch.int64, self.device)
         sps = [e[1].sampling for e in entries]

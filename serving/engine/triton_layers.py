@@ -233,9 +233,7 @@ def _split_attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_
     below its new one, and split 0 to the new key and value too, from registers (normalised and rotated; the
     group's first query head caches them), so no load waits for a store. Each writes its softmax's max, sum
     and unnormalised output (float32) to part [B, H, SPLITS, 2 + 2 HALF]; _combine_kernel merges the row's live
-    splits (those below its position, and split 0). Splits past the row's position load nothing. A row at position 0
-    is a free slot (a request's prompt fills position 0 before its first step) and stores nothing: a prefill may be
-    filling that slot beside the step (TalkerRunner.prefill_beside)."""
+    splits (those below its position, and split 0). Splits past the row's position load nothing."""
     _pdl_wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -267,7 +265,7 @@ def _split_attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_
         new_lo, new_hi = _head_norm_rope(new_lo, new_hi, kn_ptr, cos_ptr, sin_ptr, pos, eps, dt, HALF)
         val_lo = tl.load(src + (HEADS + KV_HEADS + g) * D + d).to(tl.float32)
         val_hi = tl.load(src + (HEADS + KV_HEADS + g) * D + HALF + d).to(tl.float32)
-        if (h % GROUP == 0) & (pos > 0):  # position 0: a free slot (see above)
+        if h % GROUP == 0:
             tl.store(k_ptr + cache + pos * scs + d, new_lo.to(dt))
             tl.store(k_ptr + cache + pos * scs + HALF + d, new_hi.to(dt))
             tl.store(v_ptr + cache + pos * scs + d, val_lo.to(dt))
@@ -336,8 +334,7 @@ def _row_attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_pt
     and attends over the row's positions [0, pos] only, BLOCK keys at a time with an online softmax, each key
     and value read once for the group; the new position's key and value come from registers, so no load waits
     for a store. Scores and the softmax in float32, probabilities rounded to the cache's dtype for the product
-    with the values (as flash attention does). A row at position 0 is a free slot and caches nothing, as in
-    _split_attention_kernel."""
+    with the values (as flash attention does)."""
     b = tl.program_id(0)
     g = tl.program_id(1)
     HALF: tl.constexpr = D // 2
@@ -358,9 +355,8 @@ def _row_attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_pt
                             kn_ptr, cos_ptr, sin_ptr, pos, eps, dt, D)
     new_v = tl.load(src + (HEADS + KV_HEADS + g) * D + d[None, :]).to(dt)
     cache = b * scb + g * sch
-    if pos > 0:  # position 0: a free slot (see above)
-        tl.store(k_ptr + cache + pos * scs + d[None, :], new_k)
-        tl.store(v_ptr + cache + pos * scs + d[None, :], new_v)
+    tl.store(k_ptr + cache + pos * scs + d[None, :], new_k)
+    tl.store(v_ptr + cache + pos * scs + d[None, :], new_v)
     m = tl.full((16,), float("-inf"), tl.float32)
     total = tl.zeros((16,), tl.float32)
     acc = tl.zeros((16, D), tl.float32)
