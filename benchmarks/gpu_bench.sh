@@ -22,7 +22,8 @@
 # Knobs (environment): OUT (results; default /tmp/gpu_bench), SIZE (0.6B | 1.7B), LEVELS (1,8,32,64,128),
 # TASKS (custom clone), SETS (short long), PER_STREAM (requests per stream of a level, 4; a level of 128 streams of
 # short text lasts ~1.7 s on an H100 at 4, and single runs of it move by ~5%: more makes A/Bs of short text steadier),
-# SERVE_ARGS (extra `ttsbench serve` options), RUN_ARGS (extra `ttsbench
+# SERVE_ARGS (extra `ttsbench serve` options), CODEC_STUB (1: the server's codec returns silence without decoding,
+# benchmarks/codec_stub: the talker's ceiling, and by difference the codec's cost), RUN_ARGS (extra `ttsbench
 # run` options, e.g. --clone-mode fresh: a new voice per clone request), DECODE_ARGS,
 # CODEC_DTYPES, CODEC_ARGS, PEER_STAGES (fastB official), WHEELS (folder of wheels to install first; default
 # .peer-bench/whl/common),
@@ -126,6 +127,7 @@ EOF
       case $task in custom) type=custom_voice;; clone) type=base;; *) echo "unknown task $task"; continue;; esac
       ck=$(checkpoint $type)
       say "serve $task ($SIZE)"
+      PYTHONPATH=${CODEC_STUB:+$ROOT/benchmarks/codec_stub:}$PYTHONPATH CODEC_STUB=${CODEC_STUB:-} \
       python3 -c "$TTSBENCH" serve --model "$ck" --load-format dummy --ignore-eos --max-batch-size 128 --max-queue 512 \
         --max-model-len 1024 --port 8091 --log-level warning --request-log "$WORK/server-requests.jsonl" \
         ${SERVE_ARGS:-} > "$OUT/serve-$task.log" 2>&1 &
