@@ -1,5 +1,6 @@
 """The vocoder's kernels compute the torch reference: SnakeBeta in any layout, the window products of causal and
-transposed convolutions with their epilogues, and a decoder with them and the transformer's kernels
+transposed convolutions with their epilogues (and both leaving the tiles past each row's wanted frames alone), and
+a decoder with them and the transformer's kernels
 (test_engine_triton_codec_transformer.py) installed decodes (streamed, and one-shot with padded rows) the
 reference decoder's audio.
 
@@ -78,6 +79,28 @@ SCRIPT = textwrap.dedent("""
         products += 1
     print("products", products)
 
+    # with `valid`, tiles wholly past a row's wanted frames are left as they were: row 0 wants 3 frames of 50 rows
+    # (tiles of 128 rows here: the first two computed, the third not), row 1 none (a batch's padding row)
+    frames = torch.tensor([3, 0])
+    w, bias = torch.randn(6, 8, 7, generator=gen) / 56 ** 0.5, torch.randn(6, generator=gen)
+    full = torch.randn(2, 8, 384 + 6, generator=gen)
+    alpha, beta = (torch.randn(6, generator=gen) * 0.3 for _ in range(2))
+    want = snake_reference(F.conv1d(full, w, bias), alpha, beta)
+    out = torch.full((2, 384, 6), 7.0)
+    assert triton_conv.pick_blocks(2 * 384, 6, 8, True)[0] == 128
+    triton_conv.window_product(full.transpose(1, 2), triton_conv.conv_matrix(w), bias, taps=7, snake=(alpha, beta),
+                               out=out, valid=(frames, 50))
+    torch.testing.assert_close(out[0, :150].T, want[0, :, :150], atol=1e-4, rtol=1e-4)
+    assert (out[0, 256:] == 7).all() and (out[1] == 7).all()
+    x = torch.randn(2, 600, 128, generator=gen).transpose(1, 2)  # channels innermost: 32-sample tiles
+    alpha, beta = (torch.randn(128, generator=gen) * 0.3 for _ in range(2))
+    out = torch.full_like(x, 7.0)
+    block_l = triton_vocoder._tiles(x)[1]
+    triton_vocoder.snake(x, alpha, beta, out=out, valid=(frames, 50))
+    torch.testing.assert_close(out[0, :, :150], snake_reference(x, alpha, beta)[0, :, :150])
+    assert block_l < 150 and (out[0, :, -(-150 // block_l) * block_l:] == 7).all() and (out[1] == 7).all()
+    print("padding left alone")
+
     decoder = CodecDecoder(tiny_codec_config().decoder)
     init_random_(decoder, torch.Generator().manual_seed(0))
     decoder.eval()
@@ -90,8 +113,9 @@ SCRIPT = textwrap.dedent("""
     with torch.inference_mode():
         whole = decoder(codes)
     pool = IncrementalCodecDecoder(fused, num_slots=2)
-    pieces = [pool.decode([(0, codes[0, :4], True), (1, codes[1, :2], True)]),
-              pool.decode([(0, codes[0, 4:], False), (1, codes[1, 2:], False)])]
+    # rows of different lengths: the vocoder's kernels skip each row's padding (Frames.valid), its state unharmed
+    pieces = [pool.decode([(0, codes[0, :4], True), (1, codes[1, :1], True)]),
+              pool.decode([(0, codes[0, 4:], False), (1, codes[1, 1:], False)])]
     for row in range(2):
         streamed = torch.cat([p[row] for p in pieces])
         assert (streamed - whole[row]).abs().max() < 1e-4, row
@@ -106,7 +130,7 @@ SCRIPT = textwrap.dedent("""
 
 def test_fused_kernels_compute_the_reference_and_decode_the_same_audio():
     out = run_interpreted(SCRIPT)
-    assert "shapes 20" in out and "products 13" in out and "streams equal" in out
+    assert "shapes 20" in out and "products 13" in out and "padding left alone" in out and "streams equal" in out
     assert "padded batches equal" in out
 
 

@@ -35,9 +35,13 @@ def _tiles(x_bcl: torch.Tensor) -> tuple[int, int]:
 
 
 @triton.jit
-def _snake_kernel(x_ptr, sxb, sxc, sxl, out_ptr, sob, soc, sol, alpha_ptr, beta_ptr, channels, length,
-                  FAST_SIN: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_L: tl.constexpr):
+def _snake_kernel(x_ptr, sxb, sxc, sxl, out_ptr, sob, soc, sol, alpha_ptr, beta_ptr, channels, length, valid_ptr,
+                  T_PER_FRAME, SKIP: tl.constexpr, FAST_SIN: tl.constexpr, BLOCK_C: tl.constexpr,
+                  BLOCK_L: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
+    if SKIP:  # past the row's valid frames (see triton_conv.window_product's `valid`)
+        if tl.program_id(2) * BLOCK_L >= tl.load(valid_ptr + b) * T_PER_FRAME:
+            return
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     t = (tl.program_id(2) * BLOCK_L + tl.arange(0, BLOCK_L)).to(tl.int64)
     c_ok = c < channels
@@ -48,9 +52,10 @@ def _snake_kernel(x_ptr, sxb, sxc, sxl, out_ptr, sob, soc, sol, alpha_ptr, beta_
     tl.store(out_ptr + b * sob + c[:, None] * soc + t[None, :] * sol, y.to(out_ptr.dtype.element_ty), mask=inside)
 
 
-def snake(x_bcl: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, out: torch.Tensor | None = None
-          ) -> torch.Tensor:
-    """codec_decoder.snake_reference in one pass (into `out`, any strides, if given; else laid out as x)."""
+def snake(x_bcl: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, out: torch.Tensor | None = None,
+          valid: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
+    """codec_decoder.snake_reference in one pass (into `out`, any strides, if given; else laid out as x); with
+    `valid` (each row's leading valid frames, samples per frame), only those (see window_product)."""
     b, c, length = x_bcl.shape
     if out is None:
         out = torch.empty_like(x_bcl)
@@ -58,15 +63,17 @@ def snake(x_bcl: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, out: tor
         raise ValueError(f"snake output {tuple(out.shape)} for an input of {tuple(x_bcl.shape)}")
     if out.numel():
         block_c, block_l = _tiles(x_bcl)
+        frames, per_frame = valid if valid is not None else (alpha, 0)
         _snake_kernel[(b, triton.cdiv(c, block_c), triton.cdiv(length, block_l))](
-            x_bcl, *x_bcl.stride(), out, *out.stride(), alpha, beta, c, length, FAST_SIN=FAST_SIN,
-            BLOCK_C=block_c, BLOCK_L=block_l)
+            x_bcl, *x_bcl.stride(), out, *out.stride(), alpha, beta, c, length, frames, per_frame,
+            SKIP=valid is not None, FAST_SIN=FAST_SIN, BLOCK_C=block_c, BLOCK_L=block_l)
     return out
 
 
 def _product(module: CausalConv1d | CausalConvTranspose1d) -> Callable:
-    """The module's `product`: (history-prefixed input (B, C, L'), then, residual) -> output (B, C_out, L_out)
-    laid out (B, L_out, C_out), from the module's weights as they are now (prepacked once)."""
+    """The module's `product`: (history-prefixed input (B, C, L'), then, residual, valid) -> output (B, C_out,
+    L_out) laid out (B, L_out, C_out), from the module's weights as they are now (prepacked once); `valid` as
+    window_product's (Frames.valid)."""
     conv = module.conv
     if isinstance(module, CausalConvTranspose1d):
         stride = conv.stride[0]
@@ -75,10 +82,11 @@ def _product(module: CausalConv1d | CausalConvTranspose1d) -> Callable:
         matrix, taps, dilation, phases = conv_matrix(conv.weight), conv.kernel_size[0], conv.dilation[0], 1
     bias = conv.bias if conv.bias is not None else conv.weight.new_zeros(conv.out_channels)
 
-    def product(full_bcl: torch.Tensor, then: SnakeBeta | None, residual: torch.Tensor | None) -> torch.Tensor:
+    def product(full_bcl: torch.Tensor, then: SnakeBeta | None, residual: torch.Tensor | None,
+                valid: tuple[torch.Tensor, int] | None) -> torch.Tensor:
         out = window_product(full_bcl.transpose(1, 2), matrix, bias, taps, dilation, phases,
                              snake=(then.alpha, then.beta) if then is not None else None,
-                             residual=residual.transpose(1, 2) if residual is not None else None)
+                             residual=residual.transpose(1, 2) if residual is not None else None, valid=valid)
         return out.transpose(1, 2)
 
     return product

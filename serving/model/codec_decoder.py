@@ -49,6 +49,7 @@ class Frames:
     """
 
     past_frames = 0  # frames before this call whose keys and values attention sees
+    wanted_only = False  # kernels may leave each row's padding uncomputed (valid): the vocoder's view (vocoding)
 
     def __init__(self, keep_bt: torch.Tensor | None = None):
         self.keep_bt = keep_bt
@@ -65,7 +66,7 @@ class Frames:
         x. act writes straight into the buffer behind the history (`out=`), which saves re-copying its output
         there."""
         if n == 0:
-            return x_bcl if act is None else act(x_bcl)
+            return x_bcl if act is None else act(x_bcl, valid=self.valid())
         b, c, length = x_bcl.shape
         if channels_innermost(x_bcl):
             full = x_bcl.new_empty((b, n + length, c)).transpose(1, 2)
@@ -75,8 +76,23 @@ class Frames:
         if act is None:
             full[..., n:] = x_bcl
         else:
-            act(x_bcl, out=full[..., n:])
+            act(x_bcl, out=full[..., n:], valid=self.valid())
         return self.filled(module, full, n)
+
+    def vocoding(self) -> "Frames":
+        """This view for the convolutions after the transformer, which may leave a row's padding uncomputed (valid):
+        they are causal, so no wanted sample reads it. Before them, padded keys and values meet attention, whose
+        masked terms are zeros times whatever the padding holds (NaN times zero is NaN), so there it is computed."""
+        view = copy.copy(self)
+        view.wanted_only = True
+        return view
+
+    def valid(self) -> tuple[torch.Tensor, int] | None:
+        """(each row's wanted frames (B,), samples per frame at this rate) where only a row's leading frames are
+        wanted and the rest pads it (a stream step's rows, right-padded, in the vocoder's view), for kernels that
+        skip the padding (serving/engine/triton_conv.window_product); None: every frame is computed (here: the
+        one-shot decode, whose padding leads a row)."""
+        return None
 
     def history(self, module: nn.Module, x_bcl: torch.Tensor, n: int) -> torch.Tensor:
         """The n inputs before x, (B, C, n) or broadcast to it: zeros here."""
@@ -122,7 +138,7 @@ class CausalConv1d(nn.Module):
         """residual + then(conv(act(x))), each part where given (see Frames.with_history for act)."""
         full = frames.with_history(self, x, self.left_pad, act)
         if self.product is not None:
-            return self.product(full, then, residual)
+            return self.product(full, then, residual, frames.valid())
         conv = self.conv
         y = F.conv1d(full, conv.weight, conv.bias, dilation=conv.dilation, groups=conv.groups)
         if then is not None:
@@ -149,16 +165,16 @@ class CausalConvTranspose1d(nn.Module):
         """Of act(x) if act is given (see Frames.with_history)."""
         full = frames.with_history(self, x, self.history, act)
         if self.product is not None:
-            return self.product(full, None, None)
+            return self.product(full, None, None, frames.valid())
         y = self.conv(full)
         start = self.history * self.conv.stride[0]
         return y[..., start: start + x.shape[-1] * self.conv.stride[0]]
 
 
 def snake_reference(x_bcl: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, valid: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """SnakeBeta of x: x + sin^2(x * e^alpha) / e^beta (alpha, beta as logs), into `out` (B, C, L), which may
-    be a strided view, if given."""
+    be a strided view, if given. Every sample, whatever `valid` says (SnakeBeta.kernel's signature)."""
     alpha = torch.exp(alpha)[None, :, None]
     beta = torch.exp(beta)[None, :, None]
     y = x_bcl + (1.0 / (beta + 1e-9)) * torch.pow(torch.sin(x_bcl * alpha), 2)
@@ -176,8 +192,10 @@ class SnakeBeta(nn.Module):
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
 
-    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        return self.kernel(x, self.alpha, self.beta, out=out)
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None,
+                valid: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
+        """valid: as Frames.valid, for a kernel that skips the padding (the reference computes every sample)."""
+        return self.kernel(x, self.alpha, self.beta, out=out, valid=valid)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -529,6 +547,7 @@ class CodecDecoder(nn.Module):
 
     def vocode(self, h: torch.Tensor, frames: Frames) -> torch.Tensor:
         """The second half, where nearly all the work is: latents (B, latent_dim, T) -> waveform."""
+        frames = frames.vocoding()
         for trans_conv, convnext in self.upsample:
             h = trans_conv(h, frames)
             frames = frames.upsampled(trans_conv.conv.stride[0])

@@ -107,6 +107,9 @@ class StreamStep(Frames):
         target[dim] = length
         self.updates[self.pool.slices[key][0]] = full.gather(dim, index.expand(target))
 
+    def valid(self) -> tuple[torch.Tensor, int] | None:
+        return (self.new_frames_b, self.rate) if self.wanted_only else None
+
     def history(self, module: nn.Module, x_bcl: torch.Tensor, n: int) -> torch.Tensor:
         return self._carried(module)
 
