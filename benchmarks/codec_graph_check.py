@@ -4,17 +4,16 @@ Two CodecRunners on the device, each with a decoder of its own (same random weig
 one with CUDA graphs (every (batch, frames) bucket of --batches x the streaming chunk sizes, the server's warm-up),
 one eager. Random calls (rows on random slots, chunk lengths of the streaming schedule and odd final ones, streams
 restarting now and then) go through both; every chunk's samples and every started slot's state are compared,
-relative to the eager values' largest magnitude. By default the graph runner splits calls by chunk length as a
-served codec does: warm-up's replay times are replaced by a cost that grows with the frames a replay computes (a
-tiny codec's replays all cost about the same, so it would never split). --no-split keeps whole calls, the
-comparison's floor: on an H100 in float32 the graphs' shapes alone moved samples by up to 2.2e-3 (split: 3.8e-3).
+relative to the eager values' largest magnitude. Calls mix chunk lengths as served ones do, so on CUDA the
+vocoder's kernels skip the tiles past each row's frames while the eager runner's shapes have less padding: what a
+skipped tile would have held must not reach any row's samples or carried state. On an H100 in float32 the graphs'
+shapes alone moved samples by up to 2.2e-3.
 
-On an H100 this found the split's second replay overwriting the first one's output (CUDA graphs of one memory
+It found a call split in two replays (since removed) overwriting the first one's output (CUDA graphs of one memory
 pool): the shorter chunks came back 3-16x off (docs/performance.md, twenty-fourth pass). On a CPU nothing is
 captured (the buckets run eagerly), so it checks the logic only.
 
-    python3 benchmarks/codec_graph_check.py                  # CUDA, split calls
-    python3 benchmarks/codec_graph_check.py --no-split
+    python3 benchmarks/codec_graph_check.py                  # CUDA
     .venv/bin/python benchmarks/codec_graph_check.py --device cpu
 """
 
@@ -65,7 +64,6 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--batches", default="1,2,4,8", help="graph batch buckets")
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--no-split", action="store_true", help="keep warm-up's replay times (whole calls)")
     ap.add_argument("--tolerance", type=float, default=1e-2, help="largest relative difference that passes")
     ap.add_argument("--verbose", action="store_true", help="every chunk and slot over the tolerance")
     args = ap.parse_args()
@@ -79,28 +77,23 @@ def main() -> int:
     graphs = CodecRunner(decoder, device, q, args.slots, graph_buckets=buckets)
     graphs.warmup(PLAN)
     eager = CodecRunner(eager_decoder, device, q, args.slots)
-    print("warm-up replay ms:", {f"{b}x{f}": round(ms, 3) for (b, f), ms in sorted(graphs.graphs.replay_ms.items())})
-    if not args.no_split:
-        graphs.graphs.replay_ms = {b: 0.05 + 0.01 * b[0] * b[1] for b in graphs.graphs.memory}
     worst_samples = worst_state = 0.0
     rng = np.random.default_rng(0)
     for step, (chunks, started) in enumerate(random_calls(rng, args.slots, args.steps, q, cfg.codebook_size)):
-        split_before = graphs.calls_split
         got, want = graphs.decode(chunks), eager.decode(chunks)
-        kind = "split" if graphs.calls_split > split_before else "whole"
         for chunk, g, w in zip(chunks, got, want):
             if g.shape != w.shape:
-                print(f"step {step} ({kind}): slot {chunk.slot} has {g.shape} samples, eager {w.shape}")
+                print(f"step {step}: slot {chunk.slot} has {g.shape} samples, eager {w.shape}")
                 return 1
             err = relative(g, w)
             worst_samples = max(worst_samples, err)
             if args.verbose and err > args.tolerance:
-                print(f"step {step} ({kind}): slot {chunk.slot}, {len(chunk.codes)} frames: samples off by {err:.1e}")
+                print(f"step {step}: slot {chunk.slot}, {len(chunk.codes)} frames: samples off by {err:.1e}")
         for name in ("state", "history"):
             mine, theirs = getattr(graphs.pool, name)[started], getattr(eager.pool, name)[started]
             worst_state = max(worst_state, relative(mine, theirs))
     ok = max(worst_samples, worst_state) <= args.tolerance
-    print(f"{args.steps} calls, {graphs.calls_split} split; largest relative difference from eager: samples "
+    print(f"{args.steps} calls; largest relative difference from eager: samples "
           f"{worst_samples:.2e}, slot states {worst_state:.2e} -> {'OK' if ok else 'MISMATCH'} "
           f"(tolerance {args.tolerance:g})")
     return 0 if ok else 1

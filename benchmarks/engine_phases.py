@@ -6,10 +6,10 @@ gpu_bench.sh scrapes before and after each load level, so each level gets its ow
 went inside the server (serving.engine.engine.PHASES): accept, voice, queue, prefill, talker_step, first_frames,
 codec_wait, codec_call, deliver; and the codec's frames: those decoded to audio and those computed for them,
 padding to the captured (rows, frames) shapes included, that padding split into rows that only fill a call's
-batch and chunks shorter than their call's longest; and how often the engine moved requests to lower KV slots
-and split a codec call by chunk length. Prints three lines, writes {phase: {"count", "mean_ms"}},
+batch and chunks shorter than their call's longest; and how often the engine moved requests to lower KV slots.
+Prints three lines, writes {phase: {"count", "mean_ms"}},
 "codec_frames": {"decoded", "computed", "padded_share", "rows_share", "lengths_share"} (shares of computed) and
-"events": {"slot_moves", "codec_calls_split"} (those the server exports).
+"events": {"slot_moves"} (those the server exports).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from serving.engine.codec_stage import padding_shares
 
 _LINE = re.compile(r'^ttsbench_engine_phase_seconds_(sum|count)\{phase="([a-z_]+)"\} ([0-9.eE+-]+)$')
 _CODEC = re.compile(r'^ttsbench_codec_frames_(decoded|computed|padding_rows)_total ([0-9.eE+-]+)$')
-_EVENTS = re.compile(r'^ttsbench_(slot_moves|codec_calls_split)_total ([0-9.eE+-]+)$')
+_EVENTS = re.compile(r'^ttsbench_(slot_moves)_total ([0-9.eE+-]+)$')
 
 
 def parse(text: str) -> dict[str, dict[str, float]]:

@@ -88,7 +88,7 @@ def main() -> None:
             from serving.engine.engine import PHASES
 
             names = tuple(PHASES)
-            events = ("slot_moves", "codec_calls_split")
+            events = ("slot_moves",)
             print("| run | " + " | ".join(names) + " | codec padding (rows + lengths) | " + " | ".join(events) + " |")
             print("|---" * (len(names) + 2 + len(events)) + "|")
             for label, phases in phased:

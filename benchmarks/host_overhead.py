@@ -94,7 +94,7 @@ class StubCodec:
         self.call_s = call_s
         self.buckets = buckets
         self.calls = self.chunks = 0
-        self.frames_decoded = self.frames_computed = self.frames_padding_rows = self.calls_split = 0
+        self.frames_decoded = self.frames_computed = self.frames_padding_rows = 0
 
     def warmup(self, frame_counts, prime_frames: int = 0) -> None:
         pass

@@ -32,8 +32,8 @@ def test_a_server_without_the_rows_counter_reads_as_padding_by_lengths_alone_and
     assert "codec_frames" not in engine_phases.diff("", "")
 
 
-def test_a_levels_slot_moves_and_split_codec_calls_and_none_from_a_server_without_them():
-    before = scrape(0, 0, 0) + "ttsbench_slot_moves_total 7.0\nttsbench_codec_calls_split_total 3.0\n"
-    after = scrape(90, 100, 0) + "ttsbench_slot_moves_total 19.0\nttsbench_codec_calls_split_total 3.0\n"
-    assert engine_phases.diff(before, after)["events"] == {"slot_moves": 12, "codec_calls_split": 0}
+def test_a_levels_slot_moves_and_none_from_a_server_without_them():
+    before = scrape(0, 0, 0) + "ttsbench_slot_moves_total 7.0\n"
+    after = scrape(90, 100, 0) + "ttsbench_slot_moves_total 19.0\n"
+    assert engine_phases.diff(before, after)["events"] == {"slot_moves": 12}
     assert "events" not in engine_phases.diff(scrape(0, 0, 0), scrape(90, 100, 0))

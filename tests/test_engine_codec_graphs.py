@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from serving.engine.codec_graphs import (SPLIT_MARGIN_MS, CodecGraphs, PrimeGraphs, cover, keep_within_budget,
-                                         make_batch_buckets, make_frame_buckets, pad_rows, parse_batches, split_call)
+from serving.engine.codec_graphs import (CodecGraphs, PrimeGraphs, cover, keep_within_budget,
+                                         make_batch_buckets, make_frame_buckets, pad_rows, parse_batches)
 from serving.engine.codec_stage import CodecChunk, CodecRunner
 from serving.engine.engine import EngineConfig
 from serving.engine.loader import codec_graph_buckets
@@ -280,92 +280,3 @@ def test_frames_computed_count_the_padding_of_the_shape_each_call_runs(decoder):
     runner.decode([CodecChunk(0, codes(30, 4), False), CodecChunk(1, codes(5, 5), False)])
     assert runner.replayed == [(4, 4)]
     assert (runner.frames_decoded, runner.frames_computed, runner.frames_padding_rows) == (41, 76, 4)
-
-
-def test_a_call_splits_by_chunk_length_where_the_measured_replays_say_it_is_quicker():
-    """Replay times of a fixed cost plus a cost per frame computed: short chunks beside long ones go through a
-    bucket of their own length when the two replays (and a second replay's host work) take less than the one."""
-    buckets = [(2, 2), (4, 2), (8, 2), (2, 25), (4, 25), (8, 25)]
-    covering = lambda rows, frames: cover(buckets, rows, frames)  # noqa: E731
-    per_frame = {b: 2.0 + 0.05 * b[0] * b[1] for b in buckets}  # (8, 25) 12 ms; (4, 2) 2.4 + (4, 25) 7
-    assert split_call([25, 2, 2, 25, 2], covering, per_frame) == [([1, 2, 4], (4, 2)), ([0, 3], (2, 25))]
-    fixed = {b: 5.0 + 0.001 * b[0] * b[1] for b in buckets}  # a second replay costs more than the padding
-    assert split_call([25, 2, 2, 25, 2], covering, fixed) == [([0, 1, 2, 3, 4], (8, 25))]
-    assert split_call([25, 2, 2, 25, 2], covering, {}) == [([0, 1, 2, 3, 4], (8, 25))]  # not timed (CPU)
-    assert split_call([25, 25, 25], covering, per_frame) == [([0, 1, 2], (4, 25))]  # one length: nothing to split
-    assert split_call([2] * 9, covering, per_frame) == [(list(range(9)), None)]  # beyond every bucket: eager
-    # two groups never share a bucket: one shape twice is not tried
-    same = [(4, 25), (8, 25)]
-    assert split_call([2, 2, 25, 25, 25], lambda r, f: cover(same, r, f), {(4, 25): 1.0, (8, 25): 10.0}) == [
-        ([0, 1, 2, 3, 4], (8, 25))]
-    # the margin is what a split must save: at exactly the margin it does not
-    even = {**per_frame, (8, 25): per_frame[(4, 2)] + per_frame[(2, 25)] + SPLIT_MARGIN_MS}
-    assert split_call([25, 2, 2, 25, 2], covering, even) == [([0, 1, 2, 3, 4], (8, 25))]
-
-
-@pytest.mark.parametrize("dtype, tol, shared", [(torch.float64, 1e-12, False), (torch.float32, 1e-4, False),
-                                                (torch.float64, 1e-12, True)])
-def test_a_split_call_gives_each_chunk_the_samples_and_state_of_the_whole_call(decoder, dtype, tol, shared):
-    """Through two replays, chunks come back in their call's order with the samples the exact eager call gives,
-    the slots' states the same, and the frames computed those of the two shapes run. `shared`: every replay's
-    output lies in the same memory, as CUDA graphs of one memory pool may have it (an H100 showed it): each
-    replay's samples must be on their way to the host before the next replay runs."""
-    decoder = copy.deepcopy(decoder).to(dtype)
-    graphs = graph_runner(decoder, buckets=BUCKETS + ((2, 25),))
-    if shared:
-        replay, memory = graphs.graphs.replay, torch.empty(1 << 20, dtype=dtype)
-
-        def one_output(bucket, *inputs):
-            out = replay(bucket, *inputs)
-            return memory[: out.numel()].view(out.shape).copy_(out)
-        graphs.graphs.replay = one_output
-    eager = CodecRunner(decoder, torch.device("cpu"), Q, SLOTS)
-    graphs.graphs.capture_all(None)
-    assert graphs.graphs.replay_ms == {}  # timed on CUDA only: stand-ins, 1 ms + 0.1 per frame computed
-    graphs.graphs.replay_ms.update({b: 1.0 + 0.1 * b[0] * b[1] for b in BUCKETS + ((2, 25),)})
-    steps = [
-        [CodecChunk(0, codes(2, 1), True), CodecChunk(1, codes(2, 2), True)],
-        [CodecChunk(0, codes(25, 3), False), CodecChunk(1, codes(2, 4), False), CodecChunk(2, codes(2, 5), True),
-         CodecChunk(3, codes(20, 6), True)],
-    ]
-    decode_alike(graphs, eager, steps, dtype, tol)
-    assert graphs.replayed == [(2, 4), (2, 4), (2, 25)]  # the second call: (2, 4) 1.8 + (2, 25) 6 + margin < (4, 25) 11
-    assert (graphs.frames_decoded, graphs.frames_computed, graphs.frames_padding_rows) == (53, 8 + 8 + 50, 0)
-
-
-def test_each_graph_is_timed_with_its_rows_on_distinct_slots_and_left_at_rest(decoder, monkeypatch):
-    """Warm-up times every captured graph (CUDA events; stood in for here): the first replay is not counted, the
-    median of the rest is kept, the timed rows name distinct slots as a call's rows do (the scratch slot where
-    the bucket has more rows than the pool has slots), and the static inputs are back at rest afterwards."""
-    runner = graph_runner(decoder, buckets=((2, 4), (8, 4)))
-    graphs = runner.graphs
-    graphs.capture_all(None)
-    assert graphs.replay_ms == {}  # a CPU has no graphs to time
-    elapsed = iter([9.0, 3.0, 1.0, 2.0] + [50.0, 4.0, 6.0, 5.0])
-
-    class Event:
-        def __init__(self, enable_timing=False):
-            assert enable_timing
-
-        def record(self, stream=None):
-            pass
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, end):
-            return next(elapsed)
-
-    class Replays:
-        seen = []
-
-        def replay(self, batch, frames):
-            Replays.seen.append((batch, graphs.static[(batch, frames)][1][0].tolist()))
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
-    graphs.frame_graphs = Replays()
-    graphs._time_replays(repeats=3)
-    assert graphs.replay_ms == {(2, 4): 2.0, (8, 4): 5.0}
-    scratch = runner.pool.scratch_slot
-    assert Replays.seen == [(2, [0, 1])] * 4 + [(8, [0, 1, 2, 3] + [scratch] * 4)] * 4  # SLOTS = 4
-    assert all(graphs.static[b][1][0].tolist() == [scratch] * b[0] for b in graphs.static)

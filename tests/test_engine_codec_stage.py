@@ -155,24 +155,20 @@ def test_reference_codes_prime_the_first_chunk_only():
 
 def test_every_calls_landing_views_are_contiguous_apart_and_the_buffer_grows_only_for_a_larger_call():
     """A call shorter than the longest seen (a 2-frame first chunk after 25-frame calls) lands in contiguous views:
-    torch copies from the GPU into a strided host target through a blocking pageable temporary. A split call's two
-    replays land one after the other, neither overlapping the other."""
+    torch copies from the GPU into a strided host target through a blocking pageable temporary."""
     sizes = []
 
     def allocate(n):
         sizes.append(n)
         return torch.zeros(n)
 
-    flat, (view,) = landing(None, [(4, 25 * 96)], allocate)
+    flat, view = landing(None, 4, 25 * 96, allocate)
     assert view.shape == (4, 25 * 96) and view.is_contiguous() and sizes == [4 * 25 * 96]
     for rows, samples in ((3, 2 * 96), (1, 25 * 96), (4, 25 * 96), (2, 8 * 96)):
-        flat2, (view,) = landing(flat, [(rows, samples)], allocate)
+        flat2, view = landing(flat, rows, samples, allocate)
         assert flat2 is flat and view.shape == (rows, samples) and view.is_contiguous()
         assert view.data_ptr() == flat.data_ptr()  # the pinned buffer itself, no copy
-    flat2, (short, long) = landing(flat, [(2, 4 * 96), (1, 25 * 96)], allocate)
-    assert flat2 is flat and short.is_contiguous() and long.is_contiguous() and long.shape == (1, 25 * 96)
-    assert long.data_ptr() == short.data_ptr() + short.numel() * short.element_size()  # back to back
-    flat3, (view,) = landing(flat, [(8, 25 * 96)], allocate)
+    flat3, view = landing(flat, 8, 25 * 96, allocate)
     assert sizes == [4 * 25 * 96, 8 * 25 * 96] and flat3.numel() == 8 * 25 * 96 and view.is_contiguous()
 
 

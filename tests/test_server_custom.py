@@ -174,7 +174,7 @@ def test_disconnect_frees_the_slot(server):
     assert m["ttsbench_cancelled_requests_total"] == before + 1
     assert m["ttsbench_frames_generated_total"] < 10_000
     # the counters benchmarks/engine_phases.py reads per load level, under the names it reads them by
-    assert m["ttsbench_slot_moves_total"] >= 0 and m["ttsbench_codec_calls_split_total"] == 0  # no graphs on a CPU
+    assert m["ttsbench_slot_moves_total"] >= 0
     line = logged(server, resp.getheader("X-Request-Id"))
     assert line["outcome"] == "cancelled" and 0 < line["frames"] < 200 and "last_frame" not in line["ms"]
 

@@ -68,12 +68,9 @@ class _EngineCollector:
                                   value=float(stats.get("slot_moves_total", 0.0)))
         yield CounterMetricFamily("ttsbench_codec_frames_decoded", "Frames the codec decoded to audio",
                                   value=float(stats.get("codec_frames_decoded", 0.0)))
-        yield CounterMetricFamily("ttsbench_codec_frames_computed", "Frames the codec computed for them, padding "
-                                  "to its captured (rows, frames) shapes included",
+        yield CounterMetricFamily("ttsbench_codec_frames_computed", "Frames of the captured (rows, frames) shapes "
+                                  "its calls ran, padding included (the vocoder skips what lies past a row's frames)",
                                   value=float(stats.get("codec_frames_computed", 0.0)))
-        yield CounterMetricFamily("ttsbench_codec_calls_split", "Codec calls run as two replays, their shorter "
-                                  "chunks through a shape of their own length",
-                                  value=float(stats.get("codec_calls_split", 0.0)))
         yield CounterMetricFamily("ttsbench_codec_frames_padding_rows", "Of the frames computed, those of rows that "
                                   "only fill a call up to its captured batch size",
                                   value=float(stats.get("codec_frames_padding_rows", 0.0)))

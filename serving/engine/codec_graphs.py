@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable
 
 import numpy as np
 import torch
@@ -82,37 +82,6 @@ def cover(buckets, batch: int, frames: int) -> Bucket | None:
     frames, or None."""
     fits = [b for b in buckets if b[0] >= batch and b[1] >= frames]
     return min(fits, key=lambda b: (b[0] * b[1], b[0])) if fits else None
-
-
-# A second replay's host work that its timed replay leaves out: its inputs padded and copied in, its launch
-SPLIT_MARGIN_MS = 0.3
-
-
-def split_call(lengths: list[int], covering: Callable[[int, int], Bucket | None],
-               replay_ms: Mapping[Bucket, float]) -> list[tuple[list[int], Bucket | None]]:
-    """How a codec call of chunks of `lengths` frames runs: [(row indices, bucket)], either one group through the
-    cheapest bucket that covers the call (None: none does, the call runs eagerly), or, where the graphs' measured
-    replay times say it is quicker, two: the shorter chunks through a bucket of their length and the longer ones
-    through theirs. A call pads every chunk to its longest, and streams mix lengths (first chunks of 2 frames,
-    then 4, 8, 16 and 25, and each stream's last): at 128 streams of short text 39% of the frames the codec
-    computed were that padding (H100, docs/performance.md). Splits are tried where the length changes, into two
-    different buckets (one shape twice is not tried), both timed."""
-    whole = (list(range(len(lengths))), covering(len(lengths), max(lengths)))
-    if whole[1] not in replay_ms:
-        return [whole]
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    best, best_ms = [whole], replay_ms[whole[1]]
-    for k in range(1, len(order)):
-        if lengths[order[k - 1]] == lengths[order[k]]:
-            continue
-        short = covering(k, lengths[order[k - 1]])
-        long = covering(len(order) - k, lengths[order[-1]])
-        if short == long or short not in replay_ms or long not in replay_ms:
-            continue
-        ms = replay_ms[short] + replay_ms[long] + SPLIT_MARGIN_MS
-        if ms < best_ms:
-            best, best_ms = [(order[:k], short), (order[k:], long)], ms
-    return best
 
 
 def keep_within_budget(order: list[Bucket], estimate: Callable[[Bucket], int], capture: Callable[[Bucket], int],
@@ -173,7 +142,6 @@ class CodecGraphs:
         self.static: dict[Bucket, tuple[torch.Tensor, torch.Tensor]] = {}
         self.frame_graphs = FrameGraphs(self._captured, device) if device.type == "cuda" else None
         self.memory: dict[Bucket, int] = {}  # bucket -> bytes: graph pool growth at capture + static inputs
-        self.replay_ms: dict[Bucket, float] = {}  # bucket -> its graph's replay time (CUDA), for split_call
         self.report = CodecGraphReport((), (), 0, None)
 
     def _captured(self, batch: int, frames: int) -> tuple[torch.Tensor]:
@@ -193,7 +161,6 @@ class CodecGraphs:
         kept, dropped = keep_within_budget(order, estimates.__getitem__, self._capture, budget_bytes)
         for bucket in dropped:
             del self.static[bucket]
-        self._time_replays()
         self.report = CodecGraphReport(tuple((b, f, self.memory[(b, f)]) for b, f in sorted(kept)),
                                        tuple(sorted(dropped)), sum(self.memory.values()), budget_bytes)
         mib = 2**-20
@@ -229,31 +196,6 @@ class CodecGraphs:
         self.memory[bucket] = graph_bytes + inputs
         return self.memory[bucket]
 
-    @torch.inference_mode()
-    def _time_replays(self, repeats: int = 3) -> None:
-        """Each captured graph's replay time, the median of `repeats` after one more (CUDA events): split_call
-        weighs calls by them. The kernels' work follows the shapes alone, but the rows read their slots' state,
-        so the timed rows name distinct slots as a call's do (at rest all name the scratch slot, one row that
-        stays in cache); what they leave there is never heard: every stream starts its slot afresh or primed."""
-        if self.frame_graphs is None:
-            return
-        for bucket in self.memory:
-            slots = self.static[bucket][1][0]
-            named = min(bucket[0], self.pool.num_slots)
-            slots[:named].copy_(torch.arange(named, device=self.device))
-            times = []
-            for _ in range(repeats + 1):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                self.frame_graphs.replay(*bucket)
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            self.replay_ms[bucket] = sorted(times[1:])[repeats // 2]
-            slots.fill_(self.pool.scratch_slot)
-        log.info("codec graphs' replay ms: %s", ", ".join(f"{b}x{f} {ms:.2f}" for (b, f), ms in
-                                                         sorted(self.replay_ms.items())))
-
     def covering(self, batch: int, frames: int) -> Bucket | None:
         return cover(self.memory, batch, frames)
 
@@ -262,8 +204,8 @@ class CodecGraphs:
         """Copy a padded batch (host tensors of the bucket's shapes) into the bucket's static inputs and run its
         graph (on a CPU, the captured function eagerly). The output is the graph's: read it before the next call.
         On CUDA the inputs go through pinned memory without waiting: a copy from pageable memory waits for the
-        stream, so a split call's second replay held the codec thread in a blocking CUDA wait until the first
-        was done (py-spy, docs/performance.md, twenty-fourth pass), and blocking waits slow the talker's launches."""
+        stream, which held the codec thread in a blocking CUDA wait until the work queued before was done (py-spy,
+        docs/performance.md, twenty-fourth pass), and blocking waits slow the talker's launches."""
         codes, meta = self.static[bucket]
         if self.frame_graphs is not None:
             codes.copy_(codes_btq.pin_memory(), non_blocking=True)

@@ -24,7 +24,7 @@ from typing import Callable, TypeVar
 import numpy as np
 import torch
 
-from serving.engine.codec_graphs import CodecGraphReport, CodecGraphs, PrimeGraphs, pad_rows, run_step, split_call
+from serving.engine.codec_graphs import CodecGraphReport, CodecGraphs, PrimeGraphs, pad_rows, run_step
 from serving.engine.cuda_graphs import wait_sleeping
 from serving.engine.lru import LRU
 from serving.model.codec_stream import IncrementalCodecDecoder, next_chunk_frames
@@ -147,22 +147,17 @@ def next_batch(ready: list[T], limit: int, codec: Callable[[T], CodecStream], no
     return [], min(oldest + wait, needed_by(codec(order[0]), wait) - 2 * wait)
 
 
-def landing(flat: torch.Tensor | None, shapes: list[tuple[int, int]],
-            allocate: Callable[[int], torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """(buffer, one contiguous (rows, samples) view per shape, one after another from its start) for a codec call's
-    waveforms (one shape per replay), the flat buffer grown by `allocate` to the largest call seen. Contiguous
+def landing(flat: torch.Tensor | None, rows: int, samples: int,
+            allocate: Callable[[int], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, a contiguous (rows, samples) view of its start) for a codec call's waveforms, the flat buffer grown
+    by `allocate` to the largest call seen. Contiguous
     because torch copies into a strided CPU target through a pageable temporary, and a copy from the GPU into
     pageable memory blocks the host until the stream is done: a (rows, samples) corner of a 2-D buffer was strided
     for every call shorter than the longest seen, so the codec thread sat in a blocking copy through the whole call
     (H100, short text at 128 streams: 2.7 ms per call, py-spy, docs/performance.md twenty-third pass)."""
-    total = sum(rows * samples for rows, samples in shapes)
-    if flat is None or flat.numel() < total:
-        flat = allocate(total)
-    views, start = [], 0
-    for rows, samples in shapes:
-        views.append(flat[start : start + rows * samples].view(rows, samples))
-        start += rows * samples
-    return flat, views
+    if flat is None or flat.numel() < rows * samples:
+        flat = allocate(rows * samples)
+    return flat, flat[: rows * samples].view(rows, samples)
 
 
 def call_frames(lengths: list[int], shape: tuple[int, int] | None) -> tuple[int, int, int]:
@@ -213,7 +208,6 @@ class CodecRunner:
         # Frames served since warm-up, and frames computed for them: a call runs the cheapest captured shape that
         # covers its rows and its longest chunk, so the two differ by the padding (/metrics)
         self.frames_decoded = self.frames_computed = self.frames_padding_rows = 0
-        self.calls_split = 0  # calls run as two replays by chunk length (split_call)
 
     @property
     def num_slots(self) -> int:
@@ -246,9 +240,6 @@ class CodecRunner:
              "codec_table_bytes": self.pool.decoder.quantizer.table_bytes,
              "codec_state_bytes": self.pool.state_bytes_per_slot * (self.num_slots + 1)}
         report = self.graph_report or CodecGraphReport((), (), 0, self.graph_budget_bytes)
-        if self.graphs is not None and self.graphs.replay_ms:
-            d["codec_graph_replay_ms"] = {f"{b}x{f}": round(ms, 3)
-                                          for (b, f), ms in sorted(self.graphs.replay_ms.items())}
         return d | report.describe() | (self.prime_graphs.describe() if self.prime_graphs is not None else {})
 
     @torch.inference_mode()
@@ -260,34 +251,22 @@ class CodecRunner:
         self._prime([c for c in chunks if c.prime is not None])
         rows = [(c.slot, c.codes, c.first and c.prime is None) for c in chunks]
         lengths = [len(c.codes) for c in chunks]
-        groups = (split_call(lengths, self.graphs.covering, self.graphs.replay_ms) if self.graphs is not None
-                  else [(list(range(len(rows))), None)])
-        self.calls_split += len(groups) > 1
+        bucket = self.graphs.covering(len(rows), max(lengths)) if self.graphs is not None else None
+        decoded, computed, padding_rows = call_frames(lengths, bucket)
+        self.frames_decoded += decoded
+        self.frames_computed += computed
+        self.frames_padding_rows += padding_rows
+        if bucket is not None:
+            wav = self.graphs.replay(bucket, *pad_rows(rows, *bucket, self.pool.scratch_slot, self.num_quantizers))
+        else:
+            codes, meta = pad_rows(rows, len(rows), max(lengths), self.pool.scratch_slot, self.num_quantizers)
+            wav = run_step(self.pool, codes.to(self.device), meta.to(self.device))
         spf = self.samples_per_frame
-        shapes = [(len(index), max(lengths[i] for i in index) * spf) for index, _ in groups]
-        self._host, host = landing(self._host, shapes, self._allocate)
-        for (index, bucket), view in zip(groups, host):
-            part = [rows[i] for i in index]
-            frames = view.shape[1] // spf
-            decoded, computed, padding_rows = call_frames([lengths[i] for i in index], bucket)
-            self.frames_decoded += decoded
-            self.frames_computed += computed
-            self.frames_padding_rows += padding_rows
-            if bucket is not None:
-                wav = self.graphs.replay(bucket, *pad_rows(part, *bucket, self.pool.scratch_slot, self.num_quantizers))
-            else:
-                codes, meta = pad_rows(part, len(part), frames, self.pool.scratch_slot, self.num_quantizers)
-                wav = run_step(self.pool, codes.to(self.device), meta.to(self.device))
-            # queued before the next replay: the graphs share one memory pool, so a later replay may overwrite this
-            # one's output (on an H100 a split call's shorter chunks came back as another graph's numbers)
-            view.copy_(wav[: len(part), : frames * spf], non_blocking=self._copied is not None)
+        self._host, host = landing(self._host, len(rows), max(lengths) * spf, self._allocate)
+        host.copy_(wav[: len(rows), : host.shape[1]], non_blocking=self._copied is not None)
         if self._copied is not None:
             wait_sleeping(self._copied)
-        out = [None] * len(chunks)
-        for (index, _), view in zip(groups, host):
-            for row, i in enumerate(index):
-                out[i] = view[row, : lengths[i] * spf].numpy().copy()
-        return out
+        return [host[i, : n * spf].numpy().copy() for i, n in enumerate(lengths)]
 
     def _prime(self, chunks: list[CodecChunk]) -> None:
         """Prime each chunk's slot with its reference codes. The state priming leaves depends on those codes
@@ -348,4 +327,4 @@ class CodecRunner:
                 torch.backends.cudnn.benchmark = previous
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.frames_decoded = self.frames_computed = self.frames_padding_rows = self.calls_split = 0
+        self.frames_decoded = self.frames_computed = self.frames_padding_rows = 0

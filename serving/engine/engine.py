@@ -435,7 +435,6 @@ class Engine:
             "codec_frames_decoded": self.codec.frames_decoded,
             "codec_frames_computed": self.codec.frames_computed,
             "codec_frames_padding_rows": self.codec.frames_padding_rows,
-            "codec_calls_split": self.codec.calls_split,
         }
 
     # --- stage 0: talker ---------------------------------------------------------------------------------
