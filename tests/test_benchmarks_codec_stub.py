@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(stub: str) -> list[str]:
+def _run(stub: str) -> tuple[list[str], str]:
     env = dict(os.environ, PYTHONPATH=f"{REPO / 'benchmarks' / 'codec_stub'}{os.pathsep}{REPO}", CODEC_STUB=stub)
     proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)

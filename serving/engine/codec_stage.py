@@ -251,7 +251,8 @@ class CodecRunner:
         self._prime([c for c in chunks if c.prime is not None])
         rows = [(c.slot, c.codes, c.first and c.prime is None) for c in chunks]
         lengths = [len(c.codes) for c in chunks]
-        bucket = self.graphs.covering(len(rows), max(lengths)) if self.graphs is not None else None
+        longest = max(lengths)
+        bucket = self.graphs.covering(len(rows), longest) if self.graphs is not None else None
         decoded, computed, padding_rows = call_frames(lengths, bucket)
         self.frames_decoded += decoded
         self.frames_computed += computed
@@ -259,10 +260,10 @@ class CodecRunner:
         if bucket is not None:
             wav = self.graphs.replay(bucket, *pad_rows(rows, *bucket, self.pool.scratch_slot, self.num_quantizers))
         else:
-            codes, meta = pad_rows(rows, len(rows), max(lengths), self.pool.scratch_slot, self.num_quantizers)
+            codes, meta = pad_rows(rows, len(rows), longest, self.pool.scratch_slot, self.num_quantizers)
             wav = run_step(self.pool, codes.to(self.device), meta.to(self.device))
         spf = self.samples_per_frame
-        self._host, host = landing(self._host, len(rows), max(lengths) * spf, self._allocate)
+        self._host, host = landing(self._host, len(rows), longest * spf, self._allocate)
         host.copy_(wav[: len(rows), : host.shape[1]], non_blocking=self._copied is not None)
         if self._copied is not None:
             wait_sleeping(self._copied)
