@@ -7,7 +7,7 @@ and whose columns are P phases x C_out channels (P = 1 for a convolution, the st
 With channels innermost (B, L, C), a window row is J stretches of contiguous channels, read in place: no
 im2col copy and no layout conversion. cuDNN wants channels innermost for its half-precision kernels and
 converted the codec's (B, C, L) activations to and from that layout around every convolution (~20% of a
-64 x 25-frame codec call on an H100, docs/perf-raw/2026-11-22-h100-s6-codec-ab-history-buffer-raw.tgz).
+64 x 25-frame codec call on an H100, docs/perf-raw/2026-11-22-h100-s6-codec-ab-history-buffer-raw.tar.xz).
 
 The epilogue adds the bias and, optionally, applies SnakeBeta (the activation the next convolution reads) and
 adds a residual, so the residual units' elementwise passes ride along. Accumulation is float32. On a GPU the

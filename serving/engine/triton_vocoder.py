@@ -4,7 +4,7 @@ residual units' SnakeBeta and addition in its epilogue) and the remaining SnakeB
 At the sample-rate stages of the codec (96-192 channels, 1920 samples per frame) the elementwise passes and
 cuDNN's layout conversions, not the products, were most of a codec call on an H100 (a 64 x 25-frame call: cuDNN's
 products ~15 ms, its conversions ~10, SnakeBeta 8, the residual additions and bias passes ~8;
-docs/perf-raw/2026-11-22-h100-s6-codec-ab-history-buffer-raw.tgz). Installed, a residual unit is one SnakeBeta
+docs/perf-raw/2026-11-22-h100-s6-codec-ab-history-buffer-raw.tar.xz). Installed, a residual unit is one SnakeBeta
 pass into its k7 convolution's history buffer, the k7 product with the next SnakeBeta (and the bias) in its
 epilogue, and the k1 product with the bias and the residual in its epilogue; the activations stay (B, L, C)
 from the transformer's output to the waveform.
