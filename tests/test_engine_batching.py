@@ -62,6 +62,49 @@ def test_codes_of_a_request_are_the_same_alone_or_in_any_batch_and_slot(stages):
     assert ((alone[0] >= 0) & (alone[0] < 2048)).all()
 
 
+def staged_schedule(runner, stage: bool, frames: int = 6, join_at: int = 2) -> dict[int, np.ndarray]:
+    """A request decoding in slot 0 and one admitted into slot 2 after `join_at` of its frames: staged with the next
+    step, or (stage False) prefilled before the step after it, as prefill_many would (the schedule a staged
+    request's codes must match: it sits the step it rides out). Steps cover 4 slots throughout; returns each
+    request's codes."""
+    first, second = requests()[0], requests()[1]
+    runner.prefill_many([(0, first)])
+    out = {0: [], 2: []}
+    for frame in range(frames + 1):
+        if frame == join_at and stage:
+            assert not isinstance(runner.stage([(2, second)])[0], Exception)
+        if frame == join_at + 1 and not stage:
+            runner.prefill_many([(2, second)])
+        codes, _ = runner.decode_step(4)
+        out[0].append(codes[0])
+        if frame > join_at:
+            out[2].append(codes[2])
+    runner.release(0, 2)
+    return {slot: np.stack(codes) for slot, codes in out.items()}
+
+
+def test_a_staged_request_sits_out_the_step_it_rides_and_then_has_its_own_codes(stages):
+    """An admission staged while a step is in flight (TalkerRunner.stage) is prefilled with the next launch (here
+    on the CPU, no wide layers: after the step, on its stream) and set up after it: the running request's codes
+    are unchanged, and the new one's are those of a prefill before the step after (its row in the step it
+    rides is an empty slot's)."""
+    runner = stages[0]
+    assert not runner.takes_prompts(4)  # no wide talker layers on a CPU: the passes follow the step
+    staged, prefilled = staged_schedule(runner, stage=True), staged_schedule(runner, stage=False)
+    np.testing.assert_array_equal(staged[0], prefilled[0])
+    np.testing.assert_array_equal(staged[2], prefilled[2])
+    assert staged[2].shape == (4, 16) and not np.array_equal(staged[2], staged[0][3:])
+
+
+def test_a_staged_request_whose_client_left_is_not_set_up(stages):
+    """A slot freed between its staging and the launch (the client left) is neither prefilled nor set up."""
+    runner = stages[0]
+    runner.stage([(1, requests()[0])])
+    runner.release(1)
+    runner.decode_step(4)
+    assert not runner.active.any() and runner.lengths[:4] == [0] * 4
+
+
 def test_an_admission_sets_up_every_slot_from_its_request_and_prompt(stages):
     """prefill_many writes all its slots at once (two uploads, one write of all trailing text): each slot holds its
     own prompt's position and streamed text, its request's seed and sampling of every kind, whatever the slots
@@ -196,6 +239,40 @@ def test_a_prompt_longer_than_the_slot_is_refused(stages):
     with pytest.raises(ValueError, match="max-model-len"):
         runner.prefill(0, long)
     runner.release(0)
+
+
+def test_a_request_that_arrives_while_others_decode_is_staged_and_its_audio_is_its_own():
+    """The engine stages a request admitted while a step is in flight beside a running one (its prefill rides the
+    next launch, which it sits out); both requests' audio equals their audio alone, and a request admitted into an
+    idle engine is prefilled on its own (no step to ride)."""
+    calls = []
+
+    def request(seed, frames):
+        return GenerationRequest(task="CustomVoice", text=f"Request number {seed}.", speaker="ryan",
+                                 max_new_tokens=frames, sampling=SamplingParams(seed=seed))
+
+    async def audio(stream):
+        return np.concatenate([c async for c in stream])
+
+    async def main():
+        engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), max_queue=2, **CONFIG))
+        await engine.start()
+        stage = engine.runner.stage
+        engine.runner.stage = lambda items: calls.append(len(items)) or stage(items)
+        try:
+            alone = [await audio(await engine.submit(request(seed, n))) for seed, n in ((1, 30), (2, 8))]
+            assert calls == []
+            running = await engine.submit(request(1, 30))
+            first = await running.__anext__()  # it decodes: steps are in flight
+            later = await audio(await engine.submit(request(2, 8)))
+            return alone, [np.concatenate([first, await audio(running)]), later]
+        finally:
+            await engine.shutdown()
+
+    alone, together = asyncio.run(main())
+    assert calls == [1]
+    for got, want in zip(together, alone):
+        assert len(got) == len(want) and np.abs(got - want).max() < 1e-5
 
 
 def test_engine_cancel_frees_the_slot_and_others_go_on():

@@ -2,8 +2,12 @@
 normalises, rotates and caches each row's new key and attends over that row's own positions) compute what the
 modules compute under the decode step's mask: the same hidden states and caches, in float32 and bfloat16, for rows
 at positions 0, 1, 63, 64, 65, 150 and others (lengths no multiple of the kernel's block), with cache positions past
-each row's full of garbage, over two steps; they take one new position per row only. A talker stage whose steps go
-through them draws the same codes as the stage without them, and one graph per batch bucket serves them.
+each row's full of garbage, over two steps; they take one new position per row only. With new prompts' positions as
+rows of their own (triton_layers.Prompts: a prompt of 66 positions, past one key block, one of 7 into an empty slot
+among the step's rows, and padding rows past the longer one) they give each prompt's hidden states and keys as the
+modules' prefill of it, and the step's rows as before. A talker stage whose steps go through them draws the same
+codes as the stage without them, one graph per batch bucket serves them, and a request staged while a step is in
+flight (TalkerRunner.stage: its prompt rows ride that step) has the codes of a prefill before the step after.
 
 CI has no GPU, so the kernel runs in Triton's interpreter (TRITON_INTERPRET=1, CPU tensors), in a child process.
 The interpreter rounds float32 to bfloat16 by truncation (Triton 3.9), where a GPU and torch round to nearest: there
@@ -75,6 +79,37 @@ SCRIPT = textwrap.dedent("""
         raise AssertionError("two new positions per row over a long cache were taken")
     print("wide talker steps", steps)
 
+    for dtype, tol in ((torch.float32, 2e-5), (torch.bfloat16, 4e-2)):
+        model = stack.to(dtype)
+        wide = triton_layers.WideStack(model)
+        pos = torch.tensor([5, 70, 0, 33, 0, 129])[:, None]  # slots 2 and 4 are empty: they take the prompts
+        lengths = {2: 7, 4: 66}
+        want = KVCache.for_stack(cfg, 6, slots, dtype, "cpu")
+        want.k.normal_(), want.v.normal_()
+        k, v = want.k.clone(), want.v.clone()
+        x = torch.randn(6, 1, 48).to(dtype)
+        prompts = {s: torch.randn(n, 48).to(dtype) for s, n in lengths.items()}
+        px = torch.cat([prompts[2], prompts[4], torch.randn(3, 48).to(dtype)])  # 3 padding rows past slot 4's
+        prompt_slots = torch.tensor([2] * 7 + [4] * 69)
+        prompt_pos = torch.cat([torch.arange(7), torch.arange(69)])[:, None]
+        with torch.inference_mode():
+            mask = attention_mask(pos, torch.arange(slots)[None, :] <= pos)
+            want_x = model(x, pos, want, pos, kv_len=slots, mask=mask)
+            want_p = {s: model(p[None], torch.arange(len(p))[None], want, torch.arange(len(p))[None], kv_len=len(p),
+                               mask=None, rows=torch.tensor([[s]]))[0] for s, p in prompts.items()}
+            got_x, got_p = wide(x, pos, k, v, triton_layers.Prompts(px, prompt_slots, prompt_pos, k, v))
+            got_x, got_p = model.norm(got_x), model.norm(got_p)[:, 0]
+        for s in (0, 1, 3, 5):
+            n = int(pos[s]) + 1
+            torch.testing.assert_close(got_x[s].float(), want_x[s].float(), atol=tol, rtol=tol)
+            torch.testing.assert_close(k[:, s, :, :n].float(), want.k[:, s, :, :n].float(), atol=tol, rtol=tol)
+        torch.testing.assert_close(got_p[:7].float(), want_p[2].float(), atol=tol, rtol=tol)
+        torch.testing.assert_close(got_p[7:73].float(), want_p[4].float(), atol=tol, rtol=tol)
+        for s, n in lengths.items():
+            for got_c, want_c in ((k, want.k), (v, want.v)):
+                torch.testing.assert_close(got_c[:, s, :, :n].float(), want_c[:, s, :, :n].float(), atol=tol, rtol=tol)
+    print("prompt rows equal")
+
     config = EngineConfig(model=str(resolve_model("tiny-random")), max_batch_size=4, max_model_len=128,
                           chunk_frames=4, first_chunk_frames=2, left_context_frames=4)
     runner, _codec, _info = load_stages(config)
@@ -101,10 +136,24 @@ SCRIPT = textwrap.dedent("""
     assert runner.graph_kv(2, 100) == min(b for b in runner.kv_buckets if b >= 100)
     np.testing.assert_array_equal(decode(frames=4), expected)
     print("codes equal")
+
+    from tests.test_engine_batching import staged_schedule
+    runner.wide_talker, runner.wide_talker_rows = None, None
+    runner.set_up_prompt_rows()
+    want = staged_schedule(runner, stage=False)
+    runner.wide_talker = fused_stack(runner.talker.model, runner.device, force=True, wide=True)
+    runner.wide_talker_rows = 3
+    runner.set_up_prompt_rows()
+    assert runner.takes_prompts(4) and runner.step_prompt_rows == (32, 64, 128)
+    got = staged_schedule(runner, stage=True)
+    for slot in want:
+        np.testing.assert_array_equal(got[slot], want[slot])
+    print("staged codes equal")
 """)
 
 
 @pytest.mark.slow
 def test_wide_talker_layers_compute_the_masked_modules():
     out = run_interpreted(SCRIPT)
-    assert "wide talker steps 4" in out and "codes equal" in out
+    assert "wide talker steps 4" in out and "prompt rows equal" in out and "codes equal" in out
+    assert "staged codes equal" in out

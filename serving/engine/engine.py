@@ -42,7 +42,8 @@ RECENT_FRAMES_S = 5.0  # the window of stats()' frames_per_second
 TIMELINE = {
     "submit": "the handler hands the request to the engine",
     "admitted": "it takes a KV slot; its prefill starts (with the others admitted at once)",
-    "prefilled": "its prefill is done",
+    "prefilled": "its prefill is done (admitted while a step is in flight: its prompt is built, the prefill rides the "
+                 "next step, which it sits out)",
     "first_due": "the frames of its first chunk are all generated",
     "first_codec_start": "the codec call of its first chunk starts",
     "first_codec_end": "that call's waveforms are on the host",
@@ -63,7 +64,8 @@ PHASES = {
     "voice": "a voice clone's reference new to the server: submitted -> encoded (speaker and codec encoders, on "
              "the voice thread beside the talker's steps; per new voice)",
     "queue": "request submitted -> admitted to a KV slot, its voice's encoding included (per request)",
-    "prefill": "the prefill of the requests admitted together: graphs or batched passes (per admission)",
+    "prefill": "the prefill of the requests admitted together: graphs or batched passes (per admission); while a step "
+               "is in flight, their prompts' build only (the prefill rides the next step: in first_frames)",
     "first_frames": "prefill done -> the frames of the first chunk generated (per request)",
     "talker_step": "one decode step's codes on the host, timed from the later of its launch and the previous "
                    "step's codes: the pace of frames, prefills run in between included (per step)",
@@ -444,7 +446,10 @@ class Engine:
         One step stays in flight: step N+1 is queued on the GPU before step N's codes are dealt to their
         streams, so that host work (this loop, the HTTP handlers between steps) overlaps the GPU instead of
         leaving it idle between frames. A request that ended at step N has run step N+1 too; those codes are
-        dropped, since each step remembers which stream held each slot when it was launched."""
+        dropped, since each step remembers which stream held each slot when it was launched. Requests admitted
+        while a step is in flight beside running ones are staged (TalkerRunner.stage): their prefill rides step
+        N+1, which they sit out, and they join at step N+2; the running streams never wait for a prefill of its
+        own."""
         loop = asyncio.get_running_loop()
         sched = self.scheduler
         inflight = None  # (handle, rows, launched at) of the step whose codes are not read yet
@@ -456,22 +461,24 @@ class Engine:
                 await self._wake_talker.wait()
                 continue
             admitted = sched.admit()
+            staged = set()  # admitted streams whose prefill rides the next step, which they sit out
             if admitted:
-                await self._prefill(admitted)
+                staged = await self._prefill(admitted, stage=inflight is not None and sched.num_running > len(admitted))
             self._drop_cancelled()
-            moves = sched.compact()
+            moves = sched.compact() if not staged else []  # a staged slot keeps its place until the launch
             if moves:
                 await self._move(moves)
-            rows = sched.running()
+            running = sched.running()
+            rows = [(slot, stream) for slot, stream in running if stream not in staged]
             launched = None
-            if rows:
+            if running:
                 t0 = time.monotonic()
                 try:
                     handle = await loop.run_in_executor(self._talker_pool, self.runner.launch, sched.bucket())
                     launched = (handle, rows, t0)
                 except Exception:
                     log.exception("decode step failed; failing the running requests")
-                    self._fail_rows(rows)
+                    self._fail_rows(running)
             if inflight is not None:
                 last_codes = await self._deal(*inflight, last_codes)
             inflight = launched
@@ -536,8 +543,10 @@ class Engine:
             return
         self._slot_moves += len(moves)
 
-    async def _prefill(self, admitted: list) -> None:
-        """Prefill the admitted requests in one call to the talker thread, then hand each its codec stream."""
+    async def _prefill(self, admitted: list, stage: bool) -> set:
+        """Prefill the admitted requests in one call to the talker thread, or with `stage` only build their prompts
+        (their prefill rides the next launch: TalkerRunner.stage), then hand each its codec stream. Returns the
+        streams staged."""
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         running = self.scheduler.num_running - len(admitted)
@@ -547,13 +556,15 @@ class Engine:
             stream.mark("admitted", t0)
             stream.batches.update(prefill_batch=len(admitted), running=running)
         try:
-            results = await loop.run_in_executor(self._talker_pool, self.runner.prefill_many,
+            results = await loop.run_in_executor(self._talker_pool,
+                                                 self.runner.stage if stage else self.runner.prefill_many,
                                                  [(slot, stream.request) for slot, stream in admitted])
         except Exception as exc:
             log.exception("prefill failed for %d requests", len(admitted))
             results = [RequestFailed(f"generation failed: {type(exc).__name__}")] * len(admitted)
         done = time.monotonic()
         self.observe("prefill", done - t0)
+        staged = set()
         for (slot, stream), result in zip(admitted, results):
             if isinstance(result, Exception):  # the prompt does not fit, or bad reference audio
                 self._fail(stream, result if isinstance(result, RequestFailed) else RequestFailed(str(result), 400))
@@ -565,6 +576,9 @@ class Engine:
                 chunk_frames=self.config.chunk_frames,
                 prime_codes=context[len(context) - min(self.config.left_context_frames, len(context)):])
             self._codec_streams.append(stream)
+            if stage:
+                staged.add(stream)
+        return staged
 
     def _drop_cancelled(self) -> None:
         cancelled = [stream for _, stream in self.scheduler.running() if stream.cancelled]

@@ -42,6 +42,9 @@ PREFILL_GRAPH_MAX_LEN = 1024  # longest prompt bucket with a prefill graph (its 
 FUSED_CP_ROWS = 4
 FUSED_TALKER_ROWS = 2
 WIDE_TALKER_ROWS = FUSED_TALKER_ROWS + 1
+# Prompt positions a step of the wide talker layers carries as rows of its own (TalkerRunner.stage): one graph per
+# batch bucket and size; an admission of more positions is prefilled in passes of its own after the step
+STEP_PROMPT_ROWS = (32, 64, 128, 256)
 
 
 class _HostBuffer:
@@ -154,6 +157,8 @@ class TalkerRunner:
         # keys, not the whole KV bucket's
         self.wide_talker = fused_stack(self.talker.model, device, wide=True)
         self.wide_talker_rows = WIDE_TALKER_ROWS if self.wide_talker is not None else None
+        self._staged: list = []  # requests admitted while a step is in flight (stage): they ride the next launch
+        self.set_up_prompt_rows()
         self.kv_buckets = make_kv_buckets(max_model_len)
         if cuda_graphs and device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
@@ -164,6 +169,9 @@ class TalkerRunner:
         # audio in hand, fills the SMs they leave idle)
         self.priority = greatest_priority() if device.type == "cuda" else 0
         self.graphs = FrameGraphs(lambda b, kv: self._step(b, kv, True), device, self.priority) if cuda_graphs else None
+        # wide steps that carry an admission's prompt rows, keyed by (batch bucket, prompt rows)
+        self.prompt_graphs = FrameGraphs(lambda b, rows: self._step(b, 0, True, rows), device, self.priority) \
+            if cuda_graphs and self.step_prompt_rows else None
         self.stream = torch.cuda.Stream(device, priority=self.priority) if device.type == "cuda" else None
         if self.stream is not None:  # pinned landing buffers for the codes of two outstanding steps (launch)
             self._buffers = [_HostBuffer(s, self.num_groups) for _ in range(2)]
@@ -183,6 +191,20 @@ class TalkerRunner:
         # the voice thread's CUDA stream: a new voice's encoders run beside the talker's steps, not between them
         self._voice_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.warmup_s: dict[str, float] = {}  # seconds of warmup() by part, once it has run
+
+    def set_up_prompt_rows(self) -> None:
+        """The sizes of prompt rows a wide step carries (those a slot holds: STEP_PROMPT_ROWS up to
+        max_model_len; none without the wide talker layers) and their inputs and output, which the steps' graphs
+        read and write (tests that switch the wide layers on call this again)."""
+        self.step_prompt_rows = tuple(r for r in STEP_PROMPT_ROWS if r <= self.max_model_len) \
+            if self.wide_talker is not None else ()
+        self._prompt_x = self._prompt_slots = self._prompt_pos = self._prompt_hidden = None
+        if self.step_prompt_rows:
+            rows, hidden = self.step_prompt_rows[-1], self.talker.cfg.transformer.hidden_size
+            self._prompt_x = torch.zeros(rows, hidden, dtype=self.dtype, device=self.device)
+            self._prompt_slots = torch.zeros(rows, dtype=torch.int64, device=self.device)
+            self._prompt_pos = torch.arange(rows, device=self.device)[:, None]
+            self._prompt_hidden = torch.zeros(rows, hidden, dtype=self.dtype, device=self.device)
 
     def _compile(self) -> None:
         """torch.compile every decoder layer in place (names unchanged), and the pieces of a frame around them:
@@ -220,6 +242,9 @@ class TalkerRunner:
                 "prefill_graph_shapes": [list(shape) for shape in self.prefill_graphs.shapes] if self.prefill_graphs else [],
                 "prefill_graph_memory_bytes": self.prefill_graphs.graphs.memory_bytes
                 if self.prefill_graphs and self.prefill_graphs.graphs else 0,
+                "step_prompt_rows": list(self.step_prompt_rows),
+                "prompt_graphs_captured": len(self.prompt_graphs.graphs) if self.prompt_graphs else 0,
+                "prompt_graph_memory_bytes": self.prompt_graphs.memory_bytes if self.prompt_graphs else 0,
                 "compiled_layers": self.compile_layers, "fused_code_predictor_rows": self.fused_cp_rows,
                 "fused_talker_rows": self.fused_talker_rows, "wide_code_predictor": self.wide_cp is not None,
                 "wide_talker_rows": self.wide_talker_rows, "text_table_bytes": self.prompts.builder.text_table_bytes,
@@ -243,11 +268,26 @@ class TalkerRunner:
         its padding). One result per item: (reference codes as codec left context, frame limit), or the
         ValueError that makes the request unservable (prompt too long, bad reference audio)."""
         with self._on_stream():
-            results = self._prefill_many(items)
+            results, built = self._build(items)
+            self._init_slots(self._prefill_groups(built))
         self._wait()  # the slots are ready before the next step is scheduled
         return results
 
-    def _prefill_many(self, items: list[tuple[int, GenerationRequest]]) -> list:
+    @torch.inference_mode()
+    def stage(self, items: list[tuple[int, GenerationRequest]]) -> list:
+        """prefill_many's results for requests admitted while a step is in flight: their prompts are built here,
+        and their prefill rides the next launch, whose frame they sit out (they join the one after). A step of
+        the wide talker layers carries their positions as rows of its own, through the same products as its
+        rows' (STEP_PROMPT_ROWS); else their passes follow it. Served at 32 streams of short text on an H100, an
+        admission's own prefill (~2 ms, before every second step of ~4.4) was the talker's largest cost after
+        the steps themselves (docs/performance.md, thirty-first pass)."""
+        with self._on_stream():
+            results, built = self._build(items)
+        self._staged += built
+        return results
+
+    def _build(self, items: list[tuple[int, GenerationRequest]]) -> tuple[list, list]:
+        """(results as prefill_many's, (slot, request, prompt) of each request whose prompt fits)."""
         results: list = self.prompts.build_many([request for _, request in items], self._voice_cache_lookup)
         built = []
         for i, ((slot, request), result) in enumerate(zip(items, results)):
@@ -270,15 +310,15 @@ class TalkerRunner:
                 limit = frame_limit(self.length_policy, request.text, limit)
             results[i] = (ref_codes, limit)
             built.append((slot, request, prompt))
-        self._prefill_groups(built)
-        return results
+        return results, built
 
-    def _prefill_groups(self, built: list) -> None:
+    def _prefill_groups(self, built: list) -> list:
         """The admitted prompts in groups of similar length (sorted), each through the prefill graph of its
         (prompts, length) bucket, or, where none holds it (a prompt longer than every bucket, no graphs), in a
-        batched pass within PREFILL_TOKEN_BUDGET positions; the slots' setup once for all, after the passes, so
-        the host never waits between them. An uncaptured pass costs ~1 ms of host per compiled layer call, ~20 ms
-        for a burst of 31 long prompts (more in a busy server), where a graph's replay costs its GPU time."""
+        batched pass within PREFILL_TOKEN_BUDGET positions. Returns the entries of _init_slots, which sets the
+        slots up once for all after the passes, so the host never waits between them. An uncaptured pass costs
+        ~1 ms of host per compiled layer call, ~20 ms for a burst of 31 long prompts (more in a busy server),
+        where a graph's replay costs its GPU time."""
         def held(count: int, longest: int) -> bool:
             return self.prefill_graphs is not None and self.prefill_graphs.bucket(count, longest) is not None
 
@@ -293,8 +333,7 @@ class TalkerRunner:
             tokens += length
         if group:
             done += self._prefill_group(group)
-        if done:
-            self._init_slots(done)
+        return done
 
     def _prefill_group(self, group: list) -> list:
         """One pass over a group's prompts, written straight into their slots: its graph's, else a batched pass
@@ -321,6 +360,8 @@ class TalkerRunner:
         their trailing text. A burst of 127 took ~16 small writes per slot, 30-40 ms; then an upload and an indexed
         assignment per tensor were ~2.3 ms of the talker thread's host time per admission at 128 streams of short
         text (py-spy, H100, docs/performance.md twenty-eighth pass)."""
+        if not entries:
+            return
         slots = [e[0] for e in entries]
         idx = upload(slots, torch.int64, self.device)
         sps = [e[1].sampling for e in entries]
@@ -395,6 +436,7 @@ class TalkerRunner:
         codec call at batch 1; benchmarks/host_write_sync.py, docs/performance.md)."""
         if not slots:
             return
+        self._staged = [entry for entry in self._staged if entry[0] not in slots]  # a client that left meanwhile
         for slot in slots:
             self.candidate_ok[slot] = True
             self.lengths[slot] = 0
@@ -442,9 +484,15 @@ class TalkerRunner:
         """Queue one frame for slots [0, bucket) and return at once (on a GPU; a CPU computes it here): the
         graph of (bucket, KV bucket) when there is one, else the eager step, then an asynchronous copy of its
         codes into a pinned buffer. The engine launches step N+1 before it collects step N, so the GPU
-        computes while the host hands out step N's codes; two steps may be outstanding (two buffers)."""
+        computes while the host hands out step N's codes; two steps may be outstanding (two buffers).
+        Requests staged since the last launch are prefilled with this step (see stage) and set up after it;
+        their slots' rows in this frame are not theirs."""
         with self._on_stream():
-            codes, ended = self.step_tensors(bucket)
+            staged, self._staged = self._staged, []
+            prompt_rows = self._stage_prompt_rows(staged, bucket) if staged else 0
+            codes, ended = self.step_tensors(bucket, prompt_rows)
+            if staged:
+                self._init_slots(self._prompt_entries(staged) if prompt_rows else self._prefill_groups(staged))
             if self.stream is None:
                 handle = StepHandle(bucket, codes.numpy(), ended.numpy())
             else:
@@ -481,19 +529,48 @@ class TalkerRunner:
             return
         wait_sleeping(self._copied, self.stream)
 
-    def step_tensors(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def step_tensors(self, bucket: int, prompt_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The frame on the device, by the path decode_step takes (no host bookkeeping; benchmarks time this).
         A graph of a larger batch serves a smaller step (the extra rows are empty slots); rows [0, bucket)
-        come back."""
+        come back. prompt_rows: the step carries that many rows of the staged prompts (_stage_prompt_rows)."""
         kv_len = max(self.lengths[:bucket]) + 1
         candidates = all(self.candidate_ok[:bucket])
         if candidates and self.graphs is not None:
             batch = smallest_cover(bucket, self.graph_buckets)
-            kv_bucket = None if batch is None else self.graph_kv(batch, kv_len)
-            if batch is not None and self.graphs.covers(batch, kv_bucket):
-                codes, ended = self.graphs.replay(batch, kv_bucket)
+            graphs, key = (self.prompt_graphs, prompt_rows) if prompt_rows else \
+                (self.graphs, None if batch is None else self.graph_kv(batch, kv_len))
+            if batch is not None and graphs.covers(batch, key):
+                codes, ended = graphs.replay(batch, key)
                 return codes[:bucket], ended[:bucket]
-        return self._step(bucket, kv_len, candidates)
+        return self._step(bucket, kv_len, candidates, prompt_rows)
+
+    def takes_prompts(self, b: int) -> bool:
+        """Whether a step of b rows can carry prompt rows: one through the wide talker layers."""
+        return bool(self.step_prompt_rows) and b >= self.wide_talker_rows
+
+    def _stage_prompt_rows(self, staged: list, bucket: int) -> int:
+        """The staged prompts' positions into the prompt rows' inputs; returns the rows the step carries (the
+        positions padded up to a STEP_PROMPT_ROWS size), or 0 where it cannot carry them (a step of fewer rows
+        than the wide layers take, more positions than the largest size): then they are prefilled after it. The
+        padding rows continue the last prompt's positions in its slot, where no step reads before it writes."""
+        lengths = [prompt.prefill.shape[0] for _, _, prompt in staged]
+        total = sum(lengths)
+        rows = smallest_cover(total, self.step_prompt_rows)
+        last_slot, last_len = staged[-1][0], lengths[-1]
+        if rows is None or not self.takes_prompts(bucket) or last_len + rows - total > self.max_model_len:
+            return 0
+        self._prompt_x[:total] = torch.cat([prompt.prefill for _, _, prompt in staged]).to(self._prompt_x.dtype)
+        self._prompt_x[total:rows].zero_()
+        slots = [slot for (slot, _, _), n in zip(staged, lengths) for _ in range(n)] + [last_slot] * (rows - total)
+        positions = [i for n in lengths for i in range(n)] + list(range(last_len, last_len + rows - total))
+        self._prompt_slots[:rows] = upload(slots, torch.int64, self.device)
+        self._prompt_pos[:rows, 0] = upload(positions, torch.int64, self.device)
+        return rows
+
+    def _prompt_entries(self, staged: list) -> list:
+        """_init_slots' entries of prompts a step carried: each with its last position's hidden state."""
+        ends = np.cumsum([prompt.prefill.shape[0] for _, _, prompt in staged]) - 1
+        return [(slot, request, prompt, self._prompt_hidden[end]) for (slot, request, prompt), end in zip(staged, ends)]
 
     def reads_own_keys(self, b: int) -> bool:
         """Whether a step of b rows attends over each row's own positions (the fused or the wide talker layers)
@@ -516,10 +593,13 @@ class TalkerRunner:
             return self._sample_candidates(logits, _rows(params, b), seed, frame, group)
         return sample(logits.float(), _rows(params, b), noise=exponential_noise(seed, frame, group, logits.shape[-1]))
 
-    def _step(self, b: int, kv_len: int, candidates: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(self, b: int, kv_len: int, candidates: bool, prompt_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The fixed-shape frame: sample code 0, run the code predictor, feed the frame back to the talker.
         Attends over cache positions [0, kv_len) with a mask, so any kv_len >= the longest row's gives the
-        same frame (graphs use a KV bucket). `candidates`: every row's sampling fits topk_sampling."""
+        same frame (graphs use a KV bucket). `candidates`: every row's sampling fits topk_sampling.
+        prompt_rows: the talker's pass also takes the first that many rows of the prompt inputs (a step of the
+        wide layers), their keys and values into their slots, their post-norm hidden states into
+        _prompt_hidden."""
         hidden = self.hidden[:b]
         code0 = self._draw(self._code0_logits(b), self.talker_params, b, 0, candidates)
         rest = self._code_predictor(hidden, code0, b, candidates)
@@ -533,6 +613,13 @@ class TalkerRunner:
             out = self.talker.model(x, pos, view, pos, kv_len=kv_len, mask=self._step_mask(b, kv_len))
         elif b <= self.fused_talker_rows:  # each row attends to its positions <= pos: what the mask would say
             out = self.talker.model.norm(self.fused_talker(x, pos, view.k, view.v))
+        elif prompt_rows:
+            from serving.engine.triton_layers import Prompts  # the wide layers are there: so is Triton
+            n = prompt_rows
+            prompts = Prompts(self._prompt_x[:n], self._prompt_slots[:n], self._prompt_pos[:n], self.kv.k, self.kv.v)
+            out, prompt_out = self.wide_talker(x, pos, view.k, view.v, prompts)
+            out = self.talker.model.norm(out)
+            self._prompt_hidden[:n] = self.talker.model.norm(prompt_out)[:, 0]
         else:
             out = self.talker.model.norm(self.wide_talker(x, pos, view.k, view.v))
         self.hidden[:b] = out[:, 0]
@@ -635,6 +722,8 @@ class TalkerRunner:
                 for b in self.graph_buckets:
                     for kv in self.graph_kv_buckets(b):
                         self.graphs.capture(b, kv)
+                    for rows in self.step_prompt_rows if self.takes_prompts(b) else ():
+                        self.prompt_graphs.capture(b, rows)
             t2 = time.monotonic()
             if self.prefill_graphs is not None:
                 self.prefill_graphs.capture_all()

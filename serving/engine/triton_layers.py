@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -326,15 +327,18 @@ def _rows_norm_rope(x, partner, norm_ptr, cos_ptr, sin_ptr, pos, eps, dt, D: tl.
 
 
 @triton.jit
-def _row_attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_ptr, spb,
+def _row_attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_ptr, spb, slot_ptr,
                           k_ptr, v_ptr, scb, sch, scs, out_ptr, scale, HEADS: tl.constexpr,
-                          KV_HEADS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, DOT_F32: tl.constexpr):
+                          KV_HEADS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, DOT_F32: tl.constexpr,
+                          SLOTS: tl.constexpr, STORE: tl.constexpr, ATTEND: tl.constexpr):
     """_split_attention_kernel's work for many rows: program (row b, key/value head g) normalises and rotates
-    the group's queries (padded to a 16-row tile for tl.dot) and the row's new key, caches the key and value,
-    and attends over the row's positions [0, pos] only, BLOCK keys at a time with an online softmax, each key
-    and value read once for the group; the new position's key and value come from registers, so no load waits
-    for a store. Scores and the softmax in float32, probabilities rounded to the cache's dtype for the product
-    with the values (as flash attention does)."""
+    the group's queries (padded to a 16-row tile for tl.dot) and the row's new key, caches the key and value
+    (STORE), and attends over the row's positions [0, pos] only (ATTEND), BLOCK keys at a time with an online
+    softmax, each key and value read once for the group; the new position's key and value come from registers,
+    so no load waits for a store. Scores and the softmax in float32, probabilities rounded to the cache's dtype
+    for the product with the values (as flash attention does). Row b's cache is the cache's row b, or with SLOTS
+    the row slot_ptr[b] names (a prompt's positions as rows: row_attention stores them all in one launch and
+    attends in a second)."""
     b = tl.program_id(0)
     g = tl.program_id(1)
     HALF: tl.constexpr = D // 2
@@ -342,21 +346,39 @@ def _row_attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_pt
     dt = k_ptr.dtype.element_ty
     d = tl.arange(0, D)
     partner = (d + HALF) % D
-    qi = tl.arange(0, 16)
-    q_ok = (qi < GROUP)[:, None]
     pos = tl.load(pos_ptr + b * spb)
     src = qkv_ptr + b * (HEADS + 2 * KV_HEADS) * D
-    q_at = src + (g * GROUP + qi)[:, None] * D
-    q = _rows_norm_rope(tl.load(q_at + d[None, :], mask=q_ok, other=0.0).to(tl.float32),
-                        tl.load(q_at + partner[None, :], mask=q_ok, other=0.0).to(tl.float32),
-                        qn_ptr, cos_ptr, sin_ptr, pos, eps, dt, D)
     k_at = src + (HEADS + g) * D
     new_k = _rows_norm_rope(tl.load(k_at + d[None, :]).to(tl.float32), tl.load(k_at + partner[None, :]).to(tl.float32),
                             kn_ptr, cos_ptr, sin_ptr, pos, eps, dt, D)
     new_v = tl.load(src + (HEADS + KV_HEADS + g) * D + d[None, :]).to(dt)
-    cache = b * scb + g * sch
-    tl.store(k_ptr + cache + pos * scs + d[None, :], new_k)
-    tl.store(v_ptr + cache + pos * scs + d[None, :], new_v)
+    if SLOTS:
+        cache = tl.load(slot_ptr + b) * scb + g * sch
+    else:
+        cache = b * scb + g * sch
+    if STORE:
+        tl.store(k_ptr + cache + pos * scs + d[None, :], new_k)
+        tl.store(v_ptr + cache + pos * scs + d[None, :], new_v)
+    if ATTEND:
+        _row_attend(qkv_ptr, qn_ptr, eps, cos_ptr, sin_ptr, pos, src, new_k, new_v, k_ptr, v_ptr, cache, scs,
+                    out_ptr + b * HEADS * D, g, scale, HEADS, GROUP, D, BLOCK, DOT_F32)
+
+
+@triton.jit
+def _row_attend(qkv_ptr, qn_ptr, eps, cos_ptr, sin_ptr, pos, src, new_k, new_v, k_ptr, v_ptr, cache, scs, out_ptr,
+                g, scale, HEADS: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                DOT_F32: tl.constexpr):
+    """_row_attention_kernel's attention of one row's query group over its positions [0, pos]."""
+    HALF: tl.constexpr = D // 2
+    dt = k_ptr.dtype.element_ty
+    d = tl.arange(0, D)
+    partner = (d + HALF) % D
+    qi = tl.arange(0, 16)
+    q_ok = (qi < GROUP)[:, None]
+    q_at = src + (g * GROUP + qi)[:, None] * D
+    q = _rows_norm_rope(tl.load(q_at + d[None, :], mask=q_ok, other=0.0).to(tl.float32),
+                        tl.load(q_at + partner[None, :], mask=q_ok, other=0.0).to(tl.float32),
+                        qn_ptr, cos_ptr, sin_ptr, pos, eps, dt, D)
     m = tl.full((16,), float("-inf"), tl.float32)
     total = tl.zeros((16,), tl.float32)
     acc = tl.zeros((16, D), tl.float32)
@@ -377,8 +399,7 @@ def _row_attention_kernel(qkv_ptr, qn_ptr, kn_ptr, eps, cos_ptr, sin_ptr, pos_pt
         acc = _accumulate(acc * alpha[:, None], p.to(dt), tl.trans(v), True, DOT_F32)
         m = m_new
         start += BLOCK
-    tl.store(out_ptr + b * HEADS * D + (g * GROUP + qi)[:, None] * D + d[None, :], (acc / total[:, None]).to(dt),
-             mask=q_ok)
+    tl.store(out_ptr + (g * GROUP + qi)[:, None] * D + d[None, :], (acc / total[:, None]).to(dt), mask=q_ok)
 
 
 GEMV_ROWS = 4  # calls of up to this many rows multiply element by element, larger ones by tl.dot
@@ -481,20 +502,40 @@ def attention(qkv: torch.Tensor, attn, cos: torch.Tensor, sin: torch.Tensor, pos
 
 
 def row_attention(qkv: torch.Tensor, attn, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                  k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
     """attention() for many rows of one new position each over a cache of any length (the talker's steps in the
     wide layers): a program per row and key/value head reads only that row's positions, where a KV bucket's
-    SDPA reads every row up to the longest (on an H100, ~3.7 us per position of the bucket at 128 rows)."""
+    SDPA reads every row up to the longest (on an H100, ~3.7 us per position of the bucket at 128 rows).
+    Row i's cache is k_cache[i], or k_cache[slots[i]] where `slots` [rows] is given: a new prompt's positions as
+    rows of one slot, which attend to each other; then every row's key and value are stored first, and the rows
+    attend in a second launch. `out` [rows, heads x head_dim]: where the result goes (default: a new tensor)."""
     batch, seq = positions.shape
     if seq != 1:
         raise ValueError(f"{seq} new positions per row over a cache of {k_cache.shape[2]} (> {MAX_KEYS}): the "
                          "wide layers take one")
-    out = torch.empty((batch, attn.num_heads * attn.head_dim), dtype=qkv.dtype, device=qkv.device)
-    _row_attention_kernel[(batch, attn.num_kv_heads)](
-        qkv, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin, positions, positions.stride(0),
-        k_cache, v_cache, *k_cache.stride()[:3], out, attn.scale, HEADS=attn.num_heads, KV_HEADS=attn.num_kv_heads,
-        D=attn.head_dim, BLOCK=ROW_BLOCK, DOT_F32=_DOT_F32, num_warps=4, num_stages=3)
+    if out is None:
+        out = torch.empty((batch, attn.num_heads * attn.head_dim), dtype=qkv.dtype, device=qkv.device)
+    passes = ((True, True),) if slots is None else ((True, False), (False, True))
+    for store, attend in passes:
+        _row_attention_kernel[(batch, attn.num_kv_heads)](
+            qkv, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin, positions, positions.stride(0),
+            positions if slots is None else slots, k_cache, v_cache, *k_cache.stride()[:3], out, attn.scale,
+            HEADS=attn.num_heads, KV_HEADS=attn.num_kv_heads, D=attn.head_dim, BLOCK=ROW_BLOCK, DOT_F32=_DOT_F32,
+            SLOTS=slots is not None, STORE=store, ATTEND=attend, num_warps=4, num_stages=3)
     return out
+
+
+@dataclass
+class Prompts:
+    """New prompts' positions as rows of a wide talker step (WideStack.__call__): inputs x [T, H], each row's slot
+    [T] and cache position [T, 1], and the whole cache's keys and values [layers, slots, KV, S, D]."""
+
+    x: torch.Tensor
+    slots: torch.Tensor
+    positions: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
 
 
 class FusedStack:
@@ -576,20 +617,36 @@ class WideStack:
         self._tail = torch.compile(_layer_tail, dynamic=True)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor) -> torch.Tensor:
+                 v_cache: torch.Tensor, prompts: Prompts | None = None):
         """As FusedStack.__call__, for any number of rows; over a cache of more than MAX_KEYS positions, one new
-        position per row."""
+        position per row. With `prompts` (the talker's cache only) new prompts' positions ride along as rows of
+        their own, through the same products, and the result is (x's rows' output, the prompts' rows' [T, 1, H]):
+        a prefill that costs a step's rows, not a pass of its own. In each layer x's rows attend first, so a
+        prompt's keys land after what an empty slot's row of x writes at position 0."""
         attend = attention if k_cache.shape[3] <= MAX_KEYS else row_attention
         batch, seq, _ = x.shape
+        if prompts is not None:
+            if attend is attention or seq != 1:
+                raise ValueError("prompts ride along only with one new position per row over a long cache")
+            x = torch.cat([x, prompts.x[:, None].to(x.dtype)])
+        rows = x.shape[0]
         layers, rotary = self.stack.layers, self.stack.rotary
         eps = layers[0].input_layernorm.eps
         h = x
         qkv = self._project(h, layers[0].input_layernorm.weight, eps, layers[0].self_attn.fused_weight)
         for i, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
-            a = attend(qkv.view(batch * seq, -1), attn, rotary.cos, rotary.sin, positions, k_cache[i], v_cache[i])
+            flat = qkv.view(rows * seq, -1)
+            if prompts is None:
+                a = attend(flat, attn, rotary.cos, rotary.sin, positions, k_cache[i], v_cache[i])
+            else:
+                a = torch.empty((rows, attn.num_heads * attn.head_dim), dtype=qkv.dtype, device=qkv.device)
+                row_attention(flat[:batch], attn, rotary.cos, rotary.sin, positions, k_cache[i], v_cache[i],
+                              out=a[:batch])
+                row_attention(flat[batch:], attn, rotary.cos, rotary.sin, prompts.positions, prompts.k[i],
+                              prompts.v[i], slots=prompts.slots, out=a[batch:])
             following = (layers[i + 1].input_layernorm.weight, layers[i + 1].self_attn.fused_weight) \
                 if i + 1 < len(layers) else ()
-            h, qkv = self._tail(a.view(batch, seq, -1), h, attn.o_proj.weight, layer.post_attention_layernorm.weight,
+            h, qkv = self._tail(a.view(rows, seq, -1), h, attn.o_proj.weight, layer.post_attention_layernorm.weight,
                                 eps, mlp.fused_weight, mlp.down_proj.weight, *following)
-        return h
+        return h if prompts is None else (h[:batch], h[batch:])
