@@ -539,7 +539,7 @@ class TalkerRunner:
             batch = smallest_cover(bucket, self.graph_buckets)
             graphs, key = (self.prompt_graphs, prompt_rows) if prompt_rows else \
                 (self.graphs, None if batch is None else self.graph_kv(batch, kv_len))
-            if batch is not None and graphs.covers(batch, key):
+            if batch is not None and graphs is not None and graphs.covers(batch, key):
                 codes, ended = graphs.replay(batch, key)
                 return codes[:bucket], ended[:bucket]
         return self._step(bucket, kv_len, candidates, prompt_rows)
