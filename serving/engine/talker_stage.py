@@ -6,7 +6,8 @@ the first `bucket` slots has fixed shapes and no host synchronisation until its 
 same function is captured as one CUDA graph per (batch bucket, KV-length bucket) on a GPU (cuda_graphs.py)
 and runs eagerly on a CPU, beyond the largest graph, and for sampling options the graph's sampler does not take.
 New requests are prefilled together in one forward pass per admission (bounded by a token budget), so a burst
-of arrivals stalls the running streams for one batched pass instead of one pass per request.
+of arrivals stalls the running streams for one batched pass instead of one pass per request; those admitted while a
+step is in flight beside running requests ride the next step instead (stage), which stalls no one.
 """
 
 from __future__ import annotations

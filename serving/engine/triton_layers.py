@@ -29,7 +29,8 @@ Steps of more rows (WideStack) keep torch's products (cuBLAS outruns tl.dot ther
 launch: the modules spend ~5 kernels on q/k norms, rotary and the two cache writes, plus SDPA, 75 times a frame
 in the code predictor and 28 in the talker. The talker's kernel 2 there (row_attention) reads each row's own
 positions only, a program per row and key/value head: a served batch holds prompts of 30 to 700 positions and
-streams at every stage, and SDPA over a KV bucket reads every row up to the longest.
+streams at every stage, and SDPA over a KV bucket reads every row up to the longest. A wide talker step can carry new
+prompts' positions as rows of its own (Prompts): the same products, and row_attention with a slot per row.
 """
 
 from __future__ import annotations
