@@ -4,10 +4,11 @@
 #   bash benchmarks/gpu_bench.sh [stages]        default stages: env decode codec serve peers table
 #
 #   env     versions, GPU, which of our dependencies import
-#   decode  benchmarks/decode_bench.py: ms per frame by batch size (eager / graphs / compiled + graphs) vs the
-#           HBM floor, and per-kernel profiles of eager steps
+#   decode  benchmarks/staged_admission_check.py first (an admission staged into the next step against one prefilled
+#           after it: staged-admission-check.txt), then benchmarks/decode_bench.py: ms per frame by batch size
+#           (eager / graphs / compiled + graphs) vs the HBM floor, and per-kernel profiles of eager steps
 #   codec   benchmarks/codec_graph_check.py first (the graph runner's samples and states against the eager
-#           runner's, calls split by chunk length and whole: codec-graph-check.txt), then
+#           runner's: codec-graph-check.txt), then
 #           benchmarks/codec_graph_bench.py: codec call time per (batch, frames) bucket, eager vs CUDA graph, and
 #           each graph's memory, for each of CODEC_DTYPES (float32 bfloat16): the numbers --codec-dtype and
 #           --codec-graph-memory-gb need
@@ -105,6 +106,9 @@ for name in ("aiohttp", "typer", "rich", "pandas", "numpy", "soundfile", "soxr",
 EOF
     ;;
   decode)
+    say "staged admission against prefill"
+    python3 benchmarks/staged_admission_check.py --model "$(checkpoint custom_voice)" --load-format dummy \
+      --noise-graph 48 2>&1 | grep -v "^W[0-9]" | tail -2 | tee "$OUT/staged-admission-check.txt"
     say decode
     python3 benchmarks/decode_bench.py --model "$(checkpoint custom_voice)" --json "$OUT/decode.json" \
       --profile "$OUT/profile.txt" ${DECODE_ARGS:-} 2>&1 | grep --line-buffered -v "^W[0-9]" | tee "$OUT/decode.log"
