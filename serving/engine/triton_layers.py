@@ -521,7 +521,8 @@ def row_attention(qkv: torch.Tensor, attn, cos: torch.Tensor, sin: torch.Tensor,
     for store, attend in passes:
         _row_attention_kernel[(batch, attn.num_kv_heads)](
             qkv, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin, positions, positions.stride(0),
-            positions if slots is None else slots, k_cache, v_cache, *k_cache.stride()[:3], out, attn.scale,
+            slots if slots is not None else positions,  # slot_ptr: read only with SLOTS (any pointer otherwise)
+            k_cache, v_cache, *k_cache.stride()[:3], out, attn.scale,
             HEADS=attn.num_heads, KV_HEADS=attn.num_kv_heads, D=attn.head_dim, BLOCK=ROW_BLOCK, DOT_F32=_DOT_F32,
             SLOTS=slots is not None, STORE=store, ATTEND=attend, num_warps=4, num_stages=3)
     return out
