@@ -542,3 +542,41 @@ def test_a_lone_streams_chunks_go_as_they_come_due():
     # the 8-frame chunk is due at frame 14, the 16-frame one at frame 30 (a step or two of launches ahead);
     # held, both began only once the talker was past its last frame
     assert began[8] <= 14 + 4 and began[16] <= 30 + 3
+
+
+@pytest.mark.parametrize("hold_ms", [0.0, 1000.0])
+def test_a_first_chunk_holds_for_another_streams_with_codec_hold_ms(hold_ms):
+    """Two streams decoding together, first chunks of 2 and 4 frames: at once, the 2-frame chunk makes a call of
+    its own; with --codec-hold-ms it waits (the other stream's chunk is 2 steps away) and the two share one call.
+    Either way every sample arrives (stage stubs, benchmarks/host_overhead.py)."""
+    from unittest import mock
+
+    from benchmarks.host_overhead import StubCodec, StubTalker, _info
+    from serving.engine.codec_graphs import make_frame_buckets
+
+    frames = 20
+    config = EngineConfig(model="stub", max_batch_size=2, codec_hold_ms=hold_ms)
+    talker = StubTalker(2, 0.02, frames)
+    codec = StubCodec(2, 0.0, [(b, f) for b in (1, 2) for f in make_frame_buckets(2, 25)])
+    calls = []  # each codec call's chunk lengths
+    decode = codec.decode
+    codec.decode = lambda chunks: calls.append([len(c.codes) for c in chunks]) or decode(chunks)
+
+    async def main():
+        engine = Engine(config)
+        with mock.patch("serving.engine.loader.load_stages", lambda cfg: (talker, codec, _info(cfg, 2))):
+            await engine.start()
+        try:
+            streams = [await engine.submit(GenerationRequest(task="CustomVoice", text="stub", speaker="vivian",
+                                                             max_new_tokens=frames, first_chunk_frames=first))
+                       for first in (2, 4)]
+
+            async def read(stream):
+                return sum([len(c) async for c in stream])
+
+            return await asyncio.gather(*(read(s) for s in streams))
+        finally:
+            await engine.shutdown()
+
+    assert asyncio.run(main()) == [frames * 1920] * 2
+    assert calls[0] == ([2] if hold_ms == 0 else [2, 4])
