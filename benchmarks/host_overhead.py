@@ -62,8 +62,8 @@ class StubTalker:
     def prefill_many(self, items: list) -> list:
         return [(np.zeros((0, GROUPS), dtype=np.int64), self.frames) for _ in items]
 
-    def stage(self, items: list) -> list:
-        return self.prefill_many(items)  # a prefill that rides the next launch costs the stub nothing
+    def stage(self, items: list) -> tuple[list, bool]:
+        return self.prefill_many(items), True  # a prefill that rides the next launch costs the stub nothing
 
     def release(self, *slots: int) -> None:
         pass

@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.steps):
             runner.collect(runner.launch(bucket))
         if kind == "staged":
-            runner.stage(new)
+            if not runner.stage(new)[1]:
+                raise SystemExit(f"{sum(lengths)} prompt positions are a burst, prefilled at once: admit fewer")
             runner.collect(runner.launch(bucket))
         else:
             runner.collect(runner.launch(args.noise_graph if kind == "noise" else bucket))

@@ -72,7 +72,8 @@ def staged_schedule(runner, stage: bool, frames: int = 6, join_at: int = 2) -> d
     out = {0: [], 2: []}
     for frame in range(frames + 1):
         if frame == join_at and stage:
-            assert not isinstance(runner.stage([(2, second)])[0], Exception)
+            results, staged = runner.stage([(2, second)])
+            assert staged and not isinstance(results[0], Exception)
         if frame == join_at + 1 and not stage:
             runner.prefill_many([(2, second)])
         codes, _ = runner.decode_step(4)
@@ -94,6 +95,28 @@ def test_a_staged_request_sits_out_the_step_it_rides_and_then_has_its_own_codes(
     np.testing.assert_array_equal(staged[0], prefilled[0])
     np.testing.assert_array_equal(staged[2], prefilled[2])
     assert staged[2].shape == (4, 16) and not np.array_equal(staged[2], staged[0][3:])
+
+
+def test_a_burst_admitted_beside_a_step_is_prefilled_at_once_and_joins_it(stages, monkeypatch):
+    """An admission of more positions than any step carries is not staged: stage() prefills it before the step,
+    as prefill_many would, and its requests join that step (the schedule of stage False in staged_schedule, one
+    step earlier)."""
+    import serving.engine.talker_stage as talker_stage
+
+    runner = stages[0]
+    monkeypatch.setattr(talker_stage, "STEP_PROMPT_ROWS", (4,))  # the admission's prompt is longer: a burst
+    first, second = requests()[0], requests()[1]
+    runner.prefill_many([(0, first)])
+    codes = []
+    for frame in range(5):
+        if frame == 2:
+            results, staged = runner.stage([(2, second)])
+            assert not staged and not runner._staged and not isinstance(results[0], Exception)
+        codes.append(runner.decode_step(4)[0])
+    runner.release(0, 2)
+    want = staged_schedule(runner, stage=False, frames=4, join_at=1)
+    np.testing.assert_array_equal(np.stack(codes)[:, 0], want[0][:5])
+    np.testing.assert_array_equal(np.stack(codes)[2:, 2], want[2])
 
 
 def test_a_staged_request_whose_client_left_is_not_set_up(stages):

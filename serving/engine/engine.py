@@ -546,8 +546,8 @@ class Engine:
 
     async def _prefill(self, admitted: list, stage: bool) -> set:
         """Prefill the admitted requests in one call to the talker thread, or with `stage` only build their prompts
-        (their prefill rides the next launch: TalkerRunner.stage), then hand each its codec stream. Returns the
-        streams staged."""
+        (their prefill rides the next launch: TalkerRunner.stage, which prefills a burst at once), then hand each
+        its codec stream. Returns the streams staged."""
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         running = self.scheduler.num_running - len(admitted)
@@ -556,10 +556,12 @@ class Engine:
             self.observe("queue", t0 - stream.marks["submit"])
             stream.mark("admitted", t0)
             stream.batches.update(prefill_batch=len(admitted), running=running)
+        items = [(slot, stream.request) for slot, stream in admitted]
         try:
-            results = await loop.run_in_executor(self._talker_pool,
-                                                 self.runner.stage if stage else self.runner.prefill_many,
-                                                 [(slot, stream.request) for slot, stream in admitted])
+            if stage:  # a burst is prefilled at once instead (TalkerRunner.stage)
+                results, stage = await loop.run_in_executor(self._talker_pool, self.runner.stage, items)
+            else:
+                results = await loop.run_in_executor(self._talker_pool, self.runner.prefill_many, items)
         except Exception as exc:
             log.exception("prefill failed for %d requests", len(admitted))
             results = [RequestFailed(f"generation failed: {type(exc).__name__}")] * len(admitted)

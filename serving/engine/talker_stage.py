@@ -275,17 +275,26 @@ class TalkerRunner:
         return results
 
     @torch.inference_mode()
-    def stage(self, items: list[tuple[int, GenerationRequest]]) -> list:
-        """prefill_many's results for requests admitted while a step is in flight: their prompts are built here,
-        and their prefill rides the next launch, whose frame they sit out (they join the one after). A step of
-        the wide talker layers carries their positions as rows of its own, through the same products as its
-        rows' (STEP_PROMPT_ROWS); else their passes follow it. Served at 32 streams of short text on an H100, an
-        admission's own prefill (~2 ms, before every second step of ~4.4) was the talker's largest cost after
-        the steps themselves (docs/performance.md, thirty-first pass)."""
+    def stage(self, items: list[tuple[int, GenerationRequest]]) -> tuple[list, bool]:
+        """(prefill_many's results, whether staged) for requests admitted while a step is in flight: their prompts
+        are built here, and their prefill rides the next launch, whose frame they sit out (they join the one
+        after). A step of the wide talker layers carries their positions as rows of its own, through the same
+        products as its rows' (STEP_PROMPT_ROWS); else their passes follow it. Served at 32 streams of short text
+        on an H100, an admission's own prefill (~2 ms, before every second step of ~4.4) was the talker's largest
+        cost after the steps themselves (docs/performance.md, thirty-first pass). An admission of more positions
+        than any step carries (a burst) is prefilled here, before the step, as prefill_many would, and joins it:
+        staged, its passes followed the ride and its requests sat that step out for nothing (H100, a first wave
+        of 31 long prompts beside 1 stream: first audio 76 -> 119 ms, thirty-second pass)."""
         with self._on_stream():
             results, built = self._build(items)
-        self._staged += built
-        return results
+            staged = sum(prompt.prefill.shape[0] for _, _, prompt in built) <= STEP_PROMPT_ROWS[-1]
+            if staged:
+                self._staged += built
+            else:
+                self._init_slots(self._prefill_groups(built))
+        if not staged:
+            self._wait()
+        return results, staged
 
     def _build(self, items: list[tuple[int, GenerationRequest]]) -> tuple[list, list]:
         """(results as prefill_many's, (slot, request, prompt) of each request whose prompt fits)."""
