@@ -302,18 +302,3 @@ def test_a_call_with_a_bad_chunk_is_refused_before_any_slot_changes(runner, chun
     with pytest.raises(ValueError, match=message):
         runner.decode(chunks)
     assert all(torch.equal(a, b) for a, b in zip(before, runner.pool.snapshot(0)))
-
-
-def test_an_urgent_call_holds_for_company_only_while_some_can_come():
-    """With `hold`, first and final chunks wait until `hold` after the oldest came due, while other streams may bring
-    chunks; never with no other stream, a full call, or a listener within `wait` of running dry."""
-    firsts = [waiting(1.0, frames=2), waiting(1.002, frames=2)]
-    assert next_batch(firsts, 8, lambda s: s, 1.003, 0.1, others=3, hold=0.008) == ([], pytest.approx(1.008))
-    assert next_batch(firsts, 8, lambda s: s, 1.008, 0.1, others=3, hold=0.008) == (firsts, None)
-    assert next_batch(firsts, 8, lambda s: s, 1.003, 0.1, others=0, hold=0.008) == (firsts, None)  # none can come
-    assert next_batch(firsts, 2, lambda s: s, 1.003, 0.1, others=3, hold=0.008) == (firsts, None)  # the call is full
-    assert next_batch(firsts, 8, lambda s: s, 1.003, 0.1, others=3) == (firsts, None)  # no hold: at once
-    final = waiting(1.0, 1.105, frames=4, finished=True)  # its listener runs dry at 1.105: it goes by 1.005
-    assert next_batch([final], 8, lambda s: s, 1.001, 0.1, others=3, hold=0.008) == ([], pytest.approx(1.005))
-    low = waiting(1.0, 1.09, frames=4)  # within `wait` of running dry already
-    assert next_batch([low] + firsts, 8, lambda s: s, 1.001, 0.1, others=3, hold=0.008) == (firsts + [low], None)

@@ -326,7 +326,6 @@ def serve(
     codec_dtype: str = typer.Option("auto", help="Codec decoder weights and state: auto (bfloat16 on CUDA, as the official qwen-tts loads it with the model's dtype; float32 on CPU), float32, bfloat16 or float16."),
     max_codec_batch: int = typer.Option(64, min=1, help="Most streams' chunks one codec call decodes together; more rows per call decode faster per frame, at more graph memory. Calls that carry audio a listener needs soon stay small (at most 400 rows x frames)."),
     codec_batch_wait_ms: float = typer.Option(100.0, min=0, help="Most time a chunk whose listener has audio in hand waits for others to share its codec call (first chunks, final chunks, listeners low on audio, and chunks no other stream could join never wait); 0: every call at once."),
-    codec_hold_ms: float = typer.Option(0.0, min=0, help="Most time a codec call for audio needed soon (a first chunk, a final one, a listener low on audio) waits, while other streams are decoding, for their chunks to share it: under load fewer calls, each mostly fixed cost; 0: at once."),
     codec_graph_batches: Optional[str] = typer.Option(None, help="Batch sizes of the codec's CUDA graphs, e.g. 1,4,16 (default: 1, 2, 3, 4, 6, 8, 12, ... up to --max-codec-batch; 'none': codec always eager). Each gets a graph per chunk size streaming produces."),
     codec_graph_memory_gb: Optional[float] = typer.Option(None, min=0, help="Most GPU memory the codec's CUDA graphs may take; the largest buckets are dropped first (and run eagerly). Default: no limit; the startup log and /health list each graph's memory."),
     request_log: Optional[Path] = typer.Option(None, help="Append one JSON line per finished speech request to this file: its milestones in ms since arrival (admitted, prefilled, first chunk due, its codec call, first chunk sent, ...) and the batch sizes it met. For where a burst's time goes; summarise with benchmarks/request_timeline.py."),
@@ -347,7 +346,7 @@ def serve(
         host=host, port=port, api_key=api_key, voices_dir=voices_dir, served_model_name=served_model_name,
         enforce_eager=enforce_eager, compile=compile_, max_graph_batch=max_graph_batch, ignore_eos=ignore_eos,
         length_policy=length_policy, codec_dtype=codec_dtype, max_codec_batch=max_codec_batch,
-        codec_batch_wait_ms=codec_batch_wait_ms, codec_hold_ms=codec_hold_ms,
+        codec_batch_wait_ms=codec_batch_wait_ms,
         codec_graph_batches=codec_graph_batches,
         codec_graph_memory_gb=codec_graph_memory_gb, request_log=request_log)
     try:

@@ -42,7 +42,6 @@ class ServeOptions:
     codec_dtype: str = "auto"
     max_codec_batch: int = 64
     codec_batch_wait_ms: float = 100.0
-    codec_hold_ms: float = 0.0
     codec_graph_batches: str | None = None  # "1,2,4,8,16", or "none"
     codec_graph_memory_gb: float | None = None
     request_log: Path | None = None  # one JSON line per finished speech request (serving/api/request_log.py)
@@ -63,7 +62,6 @@ def build_server(options: ServeOptions) -> SpeechServer:
         enforce_eager=options.enforce_eager, compile=options.compile, max_graph_batch=options.max_graph_batch,
         ignore_eos=options.ignore_eos, length_policy=options.length_policy, codec_dtype=options.codec_dtype,
         max_codec_batch=options.max_codec_batch, codec_batch_wait_ms=options.codec_batch_wait_ms,
-        codec_hold_ms=options.codec_hold_ms,
         codec_graph_batches=parse_batches(options.codec_graph_batches),
         codec_graph_memory_gb=options.codec_graph_memory_gb)
     check_placement(config)  # a bad device or dtype fails here, before the server listens

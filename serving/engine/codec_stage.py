@@ -118,7 +118,7 @@ def needed_by(stream: CodecStream, wait: float) -> float:
 
 
 def next_batch(ready: list[T], limit: int, codec: Callable[[T], CodecStream], now: float,
-               wait: float, others: int, hold: float = 0.0) -> tuple[list[T], float | None]:
+               wait: float, others: int) -> tuple[list[T], float | None]:
     """The next codec call's rows (ordered by when each is needed, ties in their order), or none yet and when
     to look again.
 
@@ -129,12 +129,7 @@ def next_batch(ready: list[T], limit: int, codec: Callable[[T], CodecStream], no
     no other stream could join (`others`: streams in the codec stage whose next chunk is not ready); that call
     takes `limit` rows. `wait` 0 sends every call at once. Waiting with no one to wait for only postponed a
     lone stream's chunks to its end, where they ran one after another before its last (H100, one stream:
-    7-12 ms between its last frame and its last chunk's call, docs/performance.md).
-
-    `hold`: an urgent call with room for more rows waits until `hold` after its oldest chunk came due, while other
-    streams may bring chunks (and no listener in it gets within `wait` of running dry). Under load a call is
-    mostly its fixed cost (~2.5 ms on an H100 whatever it carries), and first and final chunks come due every
-    talker step: at once, each step's few make their own call, which holds the GPU beside the talker's steps."""
+    7-12 ms between its last frame and its last chunk's call, docs/performance.md)."""
     if not ready:
         return [], None
     order = sorted(ready, key=lambda item: needed_by(codec(item), wait))[:limit]
@@ -145,11 +140,6 @@ def next_batch(ready: list[T], limit: int, codec: Callable[[T], CodecStream], no
             if batch and (len(batch) + 1) * frames > URGENT_CALL_FRAMES:
                 break
             batch.append(item)
-        if hold and others and len(batch) == len(order) < limit:
-            go = min(codec(item).due_since for item in batch) + hold
-            go = min([go] + [codec(item).audio_until - wait for item in batch if codec(item).audio_until is not None])
-            if now < go:
-                return [], go
         return batch, None
     oldest = min(codec(item).due_since for item in ready)
     if len(ready) >= limit or now >= oldest + wait or others == 0:

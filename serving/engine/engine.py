@@ -93,7 +93,6 @@ class EngineConfig:
     left_context_frames: int = 72  # voice clone: last reference frames that prime the codec's state (all: exact)
     max_codec_batch: int = 64
     codec_batch_wait_ms: float = 100.0  # most a chunk whose listener has audio in hand waits to share a codec call
-    codec_hold_ms: float = 0.0  # most a call for audio needed soon waits for other streams' chunks (codec_stage.next_batch)
     enforce_eager: bool = False  # no CUDA graphs (a CPU never uses them)
     compile: bool | None = None  # torch.compile the talker layers; None: with graphs
     max_graph_batch: int = 128  # largest batch bucket with captured graphs; bigger steps run eagerly
@@ -107,8 +106,8 @@ class EngineConfig:
         for name in ("max_batch_size", "chunk_frames", "first_chunk_frames", "max_model_len", "max_codec_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        if min(self.max_queue, self.left_context_frames, self.codec_batch_wait_ms, self.codec_hold_ms) < 0:
-            raise ValueError("max_queue, left_context_frames, codec_batch_wait_ms and codec_hold_ms must be >= 0")
+        if self.max_queue < 0 or self.left_context_frames < 0 or self.codec_batch_wait_ms < 0:
+            raise ValueError("max_queue, left_context_frames and codec_batch_wait_ms must be >= 0")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError("load_format must be auto or dummy")
         if self.max_graph_batch < 1:
@@ -620,8 +619,7 @@ class Engine:
             t0 = time.monotonic()
             batch, retry_at = next_batch(ready, self.config.max_codec_batch, lambda s: s.codec, t0,
                                          self.config.codec_batch_wait_ms / 1000,
-                                         others=len(self._codec_streams) - len(ready),
-                                         hold=self.config.codec_hold_ms / 1000)
+                                         others=len(self._codec_streams) - len(ready))
             if not batch:
                 self._wake_codec.clear()
                 try:  # new frames (every talker step) or the time the waiting chunks must go
