@@ -98,13 +98,13 @@ def test_a_staged_request_sits_out_the_step_it_rides_and_then_has_its_own_codes(
 
 
 def test_a_burst_admitted_beside_a_step_is_prefilled_at_once_and_joins_it(stages, monkeypatch):
-    """An admission of more positions than any step carries is not staged: stage() prefills it before the step,
-    as prefill_many would, and its requests join that step (the schedule of stage False in staged_schedule, one
-    step earlier)."""
+    """An admission of more than STAGE_MAX_POSITIONS positions (a burst) is not staged: stage() prefills it before
+    the step, as prefill_many would, and its requests join that step (the schedule of stage False in
+    staged_schedule, one step earlier)."""
     import serving.engine.talker_stage as talker_stage
 
     runner = stages[0]
-    monkeypatch.setattr(talker_stage, "STEP_PROMPT_ROWS", (4,))  # the admission's prompt is longer: a burst
+    monkeypatch.setattr(talker_stage, "STAGE_MAX_POSITIONS", 4)  # the admission's prompt is longer: a burst
     first, second = requests()[0], requests()[1]
     runner.prefill_many([(0, first)])
     codes = []

@@ -449,7 +449,7 @@ class Engine:
         dropped, since each step remembers which stream held each slot when it was launched. Requests admitted
         while a step is in flight beside running ones are staged (TalkerRunner.stage): their prefill rides step
         N+1, which they sit out, and they join at step N+2; the running streams never wait for a prefill of its
-        own."""
+        own. A burst (a level's first wave) is prefilled at once instead, and joins step N+1."""
         loop = asyncio.get_running_loop()
         sched = self.scheduler
         inflight = None  # (handle, rows, launched at) of the step whose codes are not read yet

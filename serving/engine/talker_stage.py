@@ -46,6 +46,9 @@ WIDE_TALKER_ROWS = FUSED_TALKER_ROWS + 1
 # Prompt positions a step of the wide talker layers carries as rows of its own (TalkerRunner.stage): one graph per
 # batch bucket and size; an admission of more positions is prefilled in passes of its own after the step
 STEP_PROMPT_ROWS = (32, 64, 128, 256)
+# Prompt positions beyond which an admission beside a running step (a burst: a level's first wave) is prefilled at
+# once, before that step, rather than staged (TalkerRunner.stage)
+STAGE_MAX_POSITIONS = 1024
 
 
 class _HostBuffer:
@@ -281,13 +284,14 @@ class TalkerRunner:
         after). A step of the wide talker layers carries their positions as rows of its own, through the same
         products as its rows' (STEP_PROMPT_ROWS); else their passes follow it. Served at 32 streams of short text
         on an H100, an admission's own prefill (~2 ms, before every second step of ~4.4) was the talker's largest
-        cost after the steps themselves (docs/performance.md, thirty-first pass). An admission of more positions
-        than any step carries (a burst) is prefilled here, before the step, as prefill_many would, and joins it:
-        staged, its passes followed the ride and its requests sat that step out for nothing (H100, a first wave
-        of 31 long prompts beside 1 stream: first audio 76 -> 119 ms, thirty-second pass)."""
+        cost after the steps themselves (docs/performance.md, thirty-first pass). A burst (more than
+        STAGE_MAX_POSITIONS positions) is prefilled here instead, before the step, as prefill_many would, and joins
+        it: staged, a first wave of 31 long prompts (~3,100 positions) beside 1 stream had its first audio at
+        119 ms against 80 (H100, thirty-second pass). Smaller admissions that no step carries keep their passes
+        after it: a first wave of 31 short prompts (~680) had its first audio at 38 ms, against 44 at once."""
         with self._on_stream():
             results, built = self._build(items)
-            staged = sum(prompt.prefill.shape[0] for _, _, prompt in built) <= STEP_PROMPT_ROWS[-1]
+            staged = sum(prompt.prefill.shape[0] for _, _, prompt in built) <= STAGE_MAX_POSITIONS
             if staged:
                 self._staged += built
             else:
