@@ -288,7 +288,7 @@ class TalkerRunner:
         STAGE_MAX_POSITIONS positions) is prefilled here instead, before the step, as prefill_many would, and joins
         it: staged, a first wave of 31 long prompts (~3,100 positions) beside 1 stream had its first audio at
         119 ms against 80 (H100, thirty-second pass). Smaller admissions that no step carries keep their passes
-        after it: a first wave of 31 short prompts (~680) had its first audio at 38 ms, against 44 at once."""
+        after it: a first wave of 31 short prompts (~560) had its first audio at 38 ms, against 44 at once."""
         with self._on_stream():
             results, built = self._build(items)
             staged = sum(prompt.prefill.shape[0] for _, _, prompt in built) <= STAGE_MAX_POSITIONS
