@@ -185,11 +185,11 @@ EOF
             python3 benchmarks/request_timeline.py "$WORK/runs/$task-$set_-c$c/server_requests.jsonl" \
               --concurrency $c --warmup 1 --json "$WORK/runs/$task-$set_-c$c/server_timeline.json"
           fi
+          tar -C "$WORK" -czf "$OUT/runs.tgz" runs  # after each level: a later timeout keeps what is done
         done
       done
       curl -s localhost:8091/metrics | grep -v "^#" | grep -i "ttsbench\|serving\|frames" | head -40 >> "$OUT/serve-$task.log"
       kill $pid; wait $pid 2>/dev/null
-      tar -C "$WORK" -czf "$OUT/runs.tgz" runs  # after each task: a later timeout keeps what is done
     done
     ;;
   peers)
