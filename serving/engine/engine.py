@@ -42,8 +42,8 @@ RECENT_FRAMES_S = 5.0  # the window of stats()' frames_per_second
 TIMELINE = {
     "submit": "the handler hands the request to the engine",
     "admitted": "it takes a KV slot; its prefill starts (with the others admitted at once)",
-    "prefilled": "its prefill is done (admitted while a step is in flight: its prompt is built, the prefill rides the "
-                 "next step, which it sits out)",
+    "prefilled": "its prefill is done (admitted while a step is in flight and not in a burst: its prompt is built, the "
+                 "prefill rides the next step, which it sits out)",
     "first_due": "the frames of its first chunk are all generated",
     "first_codec_start": "the codec call of its first chunk starts",
     "first_codec_end": "that call's waveforms are on the host",
@@ -65,7 +65,8 @@ PHASES = {
              "the voice thread beside the talker's steps; per new voice)",
     "queue": "request submitted -> admitted to a KV slot, its voice's encoding included (per request)",
     "prefill": "the prefill of the requests admitted together: graphs or batched passes (per admission); while a step "
-               "is in flight, their prompts' build only (the prefill rides the next step: in first_frames)",
+               "is in flight, unless a burst, their prompts' build only (the prefill rides the next step: in "
+               "first_frames)",
     "first_frames": "prefill done -> the frames of the first chunk generated (per request)",
     "talker_step": "one decode step's codes on the host, timed from the later of its launch and the previous "
                    "step's codes: the pace of frames, prefills run in between included (per step)",
