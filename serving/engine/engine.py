@@ -37,10 +37,6 @@ from serving.model.config import SAMPLE_RATE, GenerationDefaults
 log = logging.getLogger("serving.engine")
 
 RECENT_FRAMES_S = 5.0  # the window of stats()' frames_per_second
-# Threads that encode new reference voices side by side. The encoders are bound by their kernel launches (~2,200
-# a voice, ~40 ms of host time beside a served load on an H100), so one thread encodes a first wave's 8 new voices
-# in ~320 ms and caps a load of new voices (--clone-mode fresh) at ~25 a second.
-VOICE_THREADS = 4
 
 # A request's milestones in the order it meets them, each the monotonic time it first happened (--request-log).
 TIMELINE = {
@@ -66,7 +62,7 @@ TIMELINE = {
 PHASES = {
     "accept": "(server) the request's handler starts -> submitted: body, parsing, reference audio (per request)",
     "voice": "a voice clone's reference new to the server: submitted -> encoded (speaker and codec encoders, on "
-             "a voice thread beside the talker's steps; per new voice)",
+             "the voice thread beside the talker's steps; per new voice)",
     "queue": "request submitted -> admitted to a KV slot, its voice's encoding included (per request)",
     "prefill": "the prefill of the requests admitted together: graphs or batched passes (per admission); while a step "
                "is in flight, unless a burst, their prompts' build only (the prefill rides the next step: in "
@@ -228,7 +224,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._talker_pool = ThreadPoolExecutor(1, thread_name_prefix="talker")
         self._codec_pool = ThreadPoolExecutor(1, thread_name_prefix="codec")
-        self._voice_pool = ThreadPoolExecutor(VOICE_THREADS, thread_name_prefix="voices")  # new voices' encoders
+        self._voice_pool = ThreadPoolExecutor(1, thread_name_prefix="voices")  # new voices' encoders
         self._voice_tasks: set[asyncio.Task] = set()  # requests waiting on their voice
         self._voice_jobs: dict[str, asyncio.Future] = {}  # the voices being encoded, by voice key
         self._wake_talker = asyncio.Event()
@@ -374,7 +370,7 @@ class Engine:
         self._wake_talker.set()
 
     def _voice_job(self, request: GenerationRequest) -> asyncio.Future:
-        """The encoding of a request's new voice on a voice thread, one per voice: the requests of a voice that
+        """The encoding of a request's new voice on the voice thread, one per voice: the requests of a voice that
         is being encoded (a burst's, all sent with the same clip) wait for the same job."""
         key = request.voice_key
         job = self._voice_jobs.get(key) if key is not None else None

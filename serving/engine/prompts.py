@@ -7,7 +7,6 @@ is encoded once, not on every request.
 
 from __future__ import annotations
 
-import threading
 from typing import Callable
 
 import numpy as np
@@ -22,34 +21,6 @@ from serving.model.prompt import load_text_tokenizer
 MODEL_TASKS = {"CustomVoice": "custom_voice", "VoiceDesign": "voice_design", "Base": "voice_clone"}
 WARM_UP_TEXTS = ("A short warm-up line.", "A longer warm-up paragraph, as a served burst brings them: " * 6)
 WARM_UP_REFERENCE_FRAMES = 50  # a 4 s reference clip's codes
-
-
-class _CudnnOff:
-    """cuDNN off while any thread encodes a reference. The flag is process-wide and torch.backends.cudnn.flags
-    restores on exit what it found on entry, so two overlapping encodings (the engine runs several voice threads)
-    would leave it off for good, or turn it back on under the other: here the first one in turns it off and the
-    last one out restores it."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._users = 0
-        self._found = True
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._users == 0:
-                self._found = torch.backends.cudnn.enabled
-                torch.backends.cudnn.enabled = False
-            self._users += 1
-
-    def __exit__(self, *exc) -> None:
-        with self._lock:
-            self._users -= 1
-            if self._users == 0:
-                torch.backends.cudnn.enabled = self._found
-
-
-WITHOUT_CUDNN = _CudnnOff()
 
 
 class PromptBuilder:
@@ -149,7 +120,7 @@ class PromptBuilder:
         # On an H100 a new length took 29 + 60 ms (speaker + codec encoder) through cuDNN, 24 + 17 ms without
         # (repeats: 7 + 15 against 22 + 15; docs/performance.md). A voice is encoded once, so first calls are what
         # count. The flag is process-wide: the codec thread's eager calls (priming) meanwhile also skip cuDNN.
-        with WITHOUT_CUDNN:
+        with torch.backends.cudnn.flags(enabled=False):
             embedding = self.model.speaker_encoder.embed(audio, SAMPLE_RATE).float().cpu()
             codes = self.codec_encoder.encode([audio], SAMPLE_RATE)[0].cpu()
         return embedding, codes
