@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import socket
 
 import pytest
@@ -246,3 +247,30 @@ def test_clone_upload_mode_registers_voices_once(server, data, tmp_path):
     assert [(u["name"], u["ref_text"]) for u in uploads] == [("v1", "Hello there.")] and uploads[0]["file_size"] > 44
     assert len(sent) == 3 and all(e["fields"]["voice"] == "v1" and e["fields"]["task_type"] == "Base"
                                   and "ref_audio" not in e["fields"] for e in sent.values())
+
+
+def test_clone_levels_warm_up_every_voice_first(server, data, tmp_path):
+    """A clone level resending its voices warms up with one request per voice (3 here, against --warmup 1), so no
+    level's measured requests wait on a voice new to the server; fresh clips warm up as asked, and --warmup 0 sends
+    none."""
+    for name in ("v2", "v3"):
+        shutil.copy(data / "voices" / "v1.wav", data / "voices" / f"{name}.wav")
+    entries = [json.loads(line) for line in (data / "voices" / "voices.jsonl").read_text().splitlines()]
+    _write(data / "voices" / "voices.jsonl", entries + [{**entries[0], "name": n, "file": f"{n}.wav"}
+                                                        for n in ("v2", "v3")])
+
+    def warmups(*args):
+        out = tmp_path / f"run-{len(list(tmp_path.iterdir()))}"
+        result = _run("--url", server.url, "--task", "clone", "--set", "short", "--concurrency", "2",
+                      "--num-requests", "4", "--out", str(out), *args)
+        assert result.exit_code == 0, result.output
+        records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+        assert sum(not r["warmup"] for r in records) == 4
+        return sorted(r["voice"] for r in records if r["warmup"])
+
+    assert warmups("--warmup", "1") == ["v1", "v2", "v3"]
+    assert warmups("--warmup", "1", "--clone-mode", "upload") == ["v1", "v2", "v3"]
+    more = warmups("--warmup", "4")
+    assert len(more) == 4 and set(more) == {"v1", "v2", "v3"}
+    assert len(warmups("--warmup", "1", "--clone-mode", "fresh")) == 1
+    assert warmups("--warmup", "0") == []

@@ -62,7 +62,7 @@ def run(
     concurrency: Optional[str] = typer.Option(None, help="Closed-loop levels, e.g. 1,8,32 (default 1)."),
     request_rate: Optional[str] = typer.Option(None, help="Open-loop levels in requests/s with Poisson arrivals, e.g. 0.5,2,inf (inf: all at once)."),
     num_requests: Optional[int] = typer.Option(None, min=1, help="Requests per level (default: 4 x concurrency or rate, at least 10; 32 for inf)."),
-    warmup: int = typer.Option(1, min=0, help="Unmeasured requests before each level, at the level's load."),
+    warmup: int = typer.Option(1, min=0, help="Unmeasured requests before each level, at the level's load; voice clone with inline or uploaded voices sends at least one per voice, so that no level's figures hold the encoding of a voice new to the server (--clone-mode fresh measures those)."),
     stream: bool = typer.Option(True, help="Streaming requests."),
     model: Optional[str] = typer.Option(None, help="Model name to send (default: the first one the server lists at /v1/models)."),
     voice: Optional[str] = typer.Option(None, help="custom: one speaker instead of all nine round-robin; clone: one reference voice."),

@@ -183,6 +183,17 @@ class _Session:
 
         self.recorder.submit(self._template(cell, job, req), raw, recorded)
 
+    def _warmups(self, builder: RequestBuilder) -> int:
+        """Unmeasured requests before a level: --warmup, and for voice clone that resends its voices (inline or
+        uploaded) at least one per voice, consecutive indices taking each voice in turn. A server encodes a voice
+        the first time it meets it; without this a level's first wave would wait on the encodings of the voices
+        that no earlier level happened to send, so its figures would depend on which levels ran before it.
+        --clone-mode fresh measures new voices; --warmup 0 sends none."""
+        n = self.config.warmup
+        if n and builder.task == "clone" and self.config.request.clone_mode != "fresh":
+            n = max(n, len(builder.voices))
+        return n
+
     async def _cell(self, builder: RequestBuilder, set_name: str, order: list, level: Level) -> None:
         cfg = self.config
         n = cfg.num_requests or level.default_requests()
@@ -192,7 +203,7 @@ class _Session:
             return
         w0 = self.warmups_done.get(prefix, 0)  # a resumed cell warms up again, under new ids
         warm = [_Job(f"{prefix}/warmup-{w0 + i}", n + i, True, order[(n + i) % len(order)])
-                for i in range(cfg.warmup)]
+                for i in range(self._warmups(builder))]
         jobs = [_Job(f"{prefix}/{i}", i, False, order[i % len(order)]) for i in todo]
         bar = self.progress.add_task(prefix, total=len(jobs), failed=0, phase="warmup" if warm else "")
         self.failed[bar] = 0
