@@ -182,8 +182,11 @@ EOF
             "$WORK/metrics-after.txt" --json "$WORK/runs/$task-$set_-c$c/engine_phases.json"
           if [ -d "$WORK/runs/$task-$set_-c$c" ] && [ -s "$WORK/server-requests.jsonl" ]; then
             mv "$WORK/server-requests.jsonl" "$WORK/runs/$task-$set_-c$c/server_requests.jsonl"
+            # the level's warm-ups come first in the server's log (a clone level sends one per voice)
+            warm=$(python3 -c 'import json, sys; print(sum(json.loads(l)["warmup"] for l in open(sys.argv[1])))' \
+              "$WORK/runs/$task-$set_-c$c/requests.jsonl")
             python3 benchmarks/request_timeline.py "$WORK/runs/$task-$set_-c$c/server_requests.jsonl" \
-              --concurrency $c --warmup 1 --json "$WORK/runs/$task-$set_-c$c/server_timeline.json"
+              --concurrency $c --warmup "$warm" --json "$WORK/runs/$task-$set_-c$c/server_timeline.json"
           fi
           tar -C "$WORK" -czf "$OUT/runs.tgz" runs  # after each level: a later timeout keeps what is done
         done
