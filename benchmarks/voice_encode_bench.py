@@ -1,7 +1,8 @@
 """Where a new reference voice's encoding goes: the speaker encoder (x-vector) and the codec encoder (reference
 codes) over each clip of datasets/voices, as the server runs them for a voice clone it has not met.
 
-    python benchmarks/voice_encode_bench.py [--device cuda] [--size 0.6B] [--reps 3] [--profile] [--json OUT.json]
+    python benchmarks/voice_encode_bench.py [--device cuda] [--size 0.6B] [--reps 3] [--profile]
+                                            [--parallel 1,2,4] [--json OUT.json]
 
 Served on an H100, a clone level's first requests waited 70-120 ms each on their new voice (phase prefill at c=1,
 docs/performance.md), more than the ~40 ms an earlier measurement of one clip gave. This times, per clip, the
@@ -11,14 +12,24 @@ the median of --reps repeats; with cuDNN off, as serving.engine.prompts runs the
 of one repeat of each encoder and their summed GPU time, against its wall time: far apart, the encoder is bound by
 its launches, not the GPU. Random weights of the released architectures (the sizes' speaker encoder configs and the
 released 12 Hz speech tokenizer; `--size tiny`: the tests' small ones), built in memory: no checkpoint needed.
+
+--parallel N,... asks how many new voices a second N encoders sharing the work reach, as threads of one process
+(the engine's voice thread; each thread on its own CUDA stream) and as processes of their own (spawned, each with
+its own encoders and CUDA context): served on an H100, four voice threads encoded no more voices a second than one
+(~20 beside a load of 128 streams, docs/performance.md thirty-third pass). Each encoding is the server's (x-vector
+and codes copied to the host) of a clip a few samples shorter than the last, a length the encoders have not met.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
 import statistics
+import threading
 import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +99,62 @@ def kernel_profile(fn, device: torch.device) -> dict:
             "top_ops": ops[:15]}
 
 
+def encode_voice(speaker, codec, audio: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """A new voice as the server encodes it (serving.engine.prompts.PromptBuilder.encode_reference): x-vector and
+    reference codes, both on the host."""
+    return speaker.embed(audio, SAMPLE_RATE).float().cpu(), codec.encode([audio], SAMPLE_RATE)[0].cpu()
+
+
+_worker: dict = {}  # a spawned worker's encoders
+
+
+def _worker_start(size: str, device: str, warm_up: np.ndarray) -> None:
+    torch.backends.cudnn.enabled = False  # as served; a process of its own has no one else to keep it for
+    _worker["device"] = torch.device(device)
+    _worker["encoders"] = build(size, _worker["device"])
+    _encode_in_worker(warm_up)  # the process's first encoding sets up its libraries (0.77 s on an H100)
+
+
+def _encode_in_worker(audio: np.ndarray) -> int:
+    with torch.inference_mode():
+        return encode_voice(*_worker["encoders"], audio)[1].shape[0]
+
+
+def parallel_rate(kind: str, workers: int, clips: list[np.ndarray], speaker, codec, size: str,
+                  device: torch.device) -> float:
+    """New voices a second that `workers` threads (sharing speaker and codec) or spawned processes reach over
+    `clips`, the pool started and warmed before the clock starts."""
+    if kind == "processes":
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start,
+                                   initargs=(size, str(device), clips[0]))
+        for f in [pool.submit(_encode_in_worker, clips[0]) for _ in range(workers)]:  # every process started
+            f.result()
+
+        def job(audio):
+            return pool.submit(_encode_in_worker, audio)
+    else:
+        pool, streams = ThreadPoolExecutor(workers), threading.local()
+
+        def encode(audio):
+            own_stream = contextlib.nullcontext()
+            if device.type == "cuda":
+                if not hasattr(streams, "stream"):
+                    streams.stream = torch.cuda.Stream(device)
+                own_stream = torch.cuda.stream(streams.stream)
+            with torch.inference_mode(), own_stream:
+                return encode_voice(speaker, codec, audio)
+
+        def job(audio):
+            return pool.submit(encode, audio)
+    try:
+        t0 = time.perf_counter()
+        for f in [job(audio) for audio in clips]:
+            f.result()
+        return len(clips) / (time.perf_counter() - t0)
+    finally:
+        pool.shutdown()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -95,6 +162,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--voices", type=Path, default=VOICES, help="folder of reference clips (*.wav)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--parallel", default="", help="encoders sharing the work, e.g. 1,2,4: new voices a second")
+    ap.add_argument("--parallel-voices", type=int, default=32, help="encodings each --parallel figure shares")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -133,12 +202,31 @@ def main() -> None:
                       f"kernels in {p['wall_ms']} ms of wall time")
                 print("  kernels by name: " + "; ".join(f"{n} x{c}" for n, c in p["top_kernels"]))
                 print("  operators by calls: " + ", ".join(f"{n} x{c}" for n, c in p["top_ops"]))
+    parallel = []
+    if args.parallel:
+        sources = [resample(to_mono(d), sr, SAMPLE_RATE) for d, sr in (sf.read(c, dtype="float32") for c in clips)]
+        used = 0
+
+        def fresh() -> list[np.ndarray]:  # each a length not met before: 7 samples shorter than the last one's cut
+            nonlocal used
+            cuts = range(used + 1, used + 1 + args.parallel_voices)
+            used += args.parallel_voices
+            return [sources[i % len(sources)][: len(sources[i % len(sources)]) - 7 * i] for i in cuts]
+
+        print("| encoders | threads: new voices / s | processes: new voices / s |")
+        print("|---|---|---|")
+        for n in (int(x) for x in args.parallel.split(",")):
+            with torch.backends.cudnn.flags(enabled=False):
+                rates = {kind: parallel_rate(kind, n, fresh(), speaker, codec, args.size, device)
+                         for kind in ("threads", "processes")}
+            parallel.append({"workers": n, **{k: round(v, 2) for k, v in rates.items()}})
+            print(f"| {n} | {rates['threads']:.1f} | {rates['processes']:.1f} |", flush=True)
     mean_first = statistics.mean(r["first"]["total"] for r in rows)
     mean_repeat = statistics.mean(r["repeat"]["total"] for r in rows)
     print(f"mean over {len(rows)} clips: first call {mean_first:.1f} ms, repeat {mean_repeat:.1f} ms")
     if args.json:
         args.json.write_text(json.dumps({"device": str(device), "size": args.size, "rows": rows,
-                                         "profiles": profiles}, indent=1) + "\n")
+                                         "profiles": profiles, "parallel": parallel}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
