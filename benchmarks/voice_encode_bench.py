@@ -18,6 +18,8 @@ released 12 Hz speech tokenizer; `--size tiny`: the tests' small ones), built in
 its own encoders and CUDA context): served on an H100, four voice threads encoded no more voices a second than one
 (~20 beside a load of 128 streams, docs/performance.md thirty-third pass). Each encoding is the server's (x-vector
 and codes copied to the host) of a clip a few samples shorter than the last, a length the encoders have not met.
+A GPU question: on a CPU each process also brings its own pool of compute threads, which contend for the cores (the
+2-core VM, tiny encoders: 1 / 2 threads 22.0 / 41.5 voices a second, 1 / 2 processes 35.8 / 9.6).
 """
 
 from __future__ import annotations
