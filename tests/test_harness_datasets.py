@@ -137,6 +137,21 @@ def test_design_and_clone_bodies(fixture_data):
     assert uploaded["voice"] == "v1" and "ref_audio" not in uploaded
 
 
+@pytest.mark.parametrize("mode", ["inline", "fresh"])
+def test_a_clone_body_is_one_json_object_with_its_clip_joined_as_it_is(fixture_data, mode):
+    """The clip joins the serialised body without json.dumps: the body is still one JSON object, its text as
+    written (not escaped to ASCII), every field once, whatever the text holds."""
+    item = datasets.Item("z1", 'Ni hao "ref_audio": 你好, {}', "Chinese")
+    body = RequestBuilder("clone", RequestOptions(clone_mode=mode, max_new_tokens=7)).build(item, 0).body
+    parsed = json.loads(body)
+    assert parsed["input"] == item.text and "你好".encode() in body
+    assert {k for k in parsed} == {"input", "task_type", "language", "ref_text", "ref_audio", "response_format",
+                                   "stream", "stream_format", "max_new_tokens"}
+    assert parsed["ref_audio"].startswith("data:audio/wav;base64,") and body.count(b'"ref_audio": "data:') == 1
+    clip = base64.b64decode(parsed["ref_audio"].split(",", 1)[1])
+    assert len(clip) == len((fixture_data / "voices" / "v1.wav").read_bytes())
+
+
 def test_fresh_clone_clips_are_new_voices_that_sound_the_same(fixture_data):
     """--clone-mode fresh: every request's clip differs from every other's, this run's and another's, in the
     lowest bit of its first samples only."""

@@ -75,7 +75,7 @@ class RequestBuilder:
         self._speakers: list[str] = []
         self._instructions: list[str | None] = [None]
         self._voices: list[datasets.Voice] = []
-        self._data_uris: dict[str, str] = {}
+        self._data_uris: dict[str, bytes] = {}
         self._fresh_next = secrets.randbits(32) << 32  # fresh clone mode: numbers no other run of this one uses
         if task == "custom":
             self._setup_custom()
@@ -117,14 +117,15 @@ class RequestBuilder:
         """Reference voices this builder uses (clone), e.g. to upload them first."""
         return self._voices
 
-    def _data_uri(self, voice: datasets.Voice) -> str:
+    def _data_uri(self, voice: datasets.Voice) -> bytes:
+        """The voice's clip as a data: URI, ASCII (what a JSON body carries of it as it is)."""
         uri = self._data_uris.get(voice.name)
         if uri is None:
-            uri = "data:audio/wav;base64," + base64.b64encode(voice.path.read_bytes()).decode("ascii")
+            uri = b"data:audio/wav;base64," + base64.b64encode(voice.path.read_bytes())
             self._data_uris[voice.name] = uri
         return uri
 
-    def _fresh_uri(self, voice: datasets.Voice) -> str:
+    def _fresh_uri(self, voice: datasets.Voice) -> bytes:
         """The voice's clip with the lowest bit of its first FRESH_BITS samples set to a number no other request of
         any run gets: the same sound (one step of 16 bits, -90 dB), a voice new to a server that caches voices by
         their audio, as a cloning API meets one whenever a user brings their own."""
@@ -144,7 +145,7 @@ class RequestBuilder:
         with wave.open(out, "wb") as dst:
             dst.setparams(params)
             dst.writeframes(samples.tobytes())
-        return "data:audio/wav;base64," + base64.b64encode(out.getvalue()).decode("ascii")
+        return b"data:audio/wav;base64," + base64.b64encode(out.getvalue())
 
     def build(self, item: datasets.Item, index: int) -> SpeechRequest:
         opts = self.options
@@ -153,7 +154,7 @@ class RequestBuilder:
             body["model"] = opts.model
         body["task_type"] = TASK_TYPES[self.task]
         body["language"] = opts.language or item.language
-        voice = instructions = ref_audio_path = ref_text = None
+        voice = instructions = ref_audio_path = ref_text = clip_uri = None
         if self.task == "custom":
             voice = self._speakers[index % len(self._speakers)]
             body["voice"] = voice
@@ -167,7 +168,7 @@ class RequestBuilder:
             if opts.clone_mode == "upload":
                 body["voice"] = ref.name
             else:
-                body["ref_audio"] = self._fresh_uri(ref) if opts.clone_mode == "fresh" else self._data_uri(ref)
+                clip_uri = self._fresh_uri(ref) if opts.clone_mode == "fresh" else self._data_uri(ref)
                 body["ref_text"] = ref.ref_text
         body["response_format"] = opts.format()
         body["stream"] = opts.stream
@@ -177,6 +178,11 @@ class RequestBuilder:
             body["max_new_tokens"] = opts.max_new_tokens
         if opts.sampling_seed is not None:
             body["seed"] = opts.sampling_seed
-        return SpeechRequest(item=item, body=json.dumps(body, ensure_ascii=False).encode("utf-8"),
-                             voice=voice, instructions=instructions, ref_audio_path=ref_audio_path,
-                             ref_text=ref_text)
+        encoded = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        if clip_uri is not None:
+            # The clip joins the serialised body as it is: a data: URI of base64 has nothing JSON escapes. Through
+            # json.dumps a body cost the client's event loop 0.98 ms (2-core VM; 0.12 this way), ~125 ms for the
+            # bodies of a first wave of 128 clones, which went out that much less at once.
+            encoded = b"".join((encoded[:-1], b', "ref_audio": "', clip_uri, b'"}'))
+        return SpeechRequest(item=item, body=encoded, voice=voice, instructions=instructions,
+                             ref_audio_path=ref_audio_path, ref_text=ref_text)
