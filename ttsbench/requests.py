@@ -76,6 +76,7 @@ class RequestBuilder:
         self._instructions: list[str | None] = [None]
         self._voices: list[datasets.Voice] = []
         self._data_uris: dict[str, bytes] = {}
+        self._clip_paths: dict[str, str] = {}  # a voice's clip as records show it
         self._fresh_next = secrets.randbits(32) << 32  # fresh clone mode: numbers no other run of this one uses
         if task == "custom":
             self._setup_custom()
@@ -164,7 +165,10 @@ class RequestBuilder:
                 body["instructions"] = instructions
         if self.task == "clone":
             ref = self._voices[index % len(self._voices)]
-            voice, ref_text, ref_audio_path = ref.name, ref.ref_text, _display_path(ref.path)
+            voice, ref_text = ref.name, ref.ref_text
+            ref_audio_path = self._clip_paths.get(ref.name)
+            if ref_audio_path is None:  # two path resolutions, ~80 us a request: once per voice
+                ref_audio_path = self._clip_paths[ref.name] = _display_path(ref.path)
             if opts.clone_mode == "upload":
                 body["voice"] = ref.name
             else:
