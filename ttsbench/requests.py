@@ -76,7 +76,7 @@ class RequestBuilder:
         self._instructions: list[str | None] = [None]
         self._voices: list[datasets.Voice] = []
         self._data_uris: dict[str, bytes] = {}
-        self._clip_paths: dict[str, str] = {}  # a voice's clip as records show it
+        self._clip_paths: dict[str, str] = {}  # each voice's clip as records show it (two path resolutions)
         self._fresh_next = secrets.randbits(32) << 32  # fresh clone mode: numbers no other run of this one uses
         if task == "custom":
             self._setup_custom()
@@ -112,6 +112,7 @@ class RequestBuilder:
                 raise datasets.DatasetError(
                     f"unknown reference voice {self.options.voice!r}; available: {names}")
         self._voices = voices
+        self._clip_paths = {v.name: _display_path(v.path) for v in voices}
 
     @property
     def voices(self) -> list[datasets.Voice]:
@@ -165,10 +166,7 @@ class RequestBuilder:
                 body["instructions"] = instructions
         if self.task == "clone":
             ref = self._voices[index % len(self._voices)]
-            voice, ref_text = ref.name, ref.ref_text
-            ref_audio_path = self._clip_paths.get(ref.name)
-            if ref_audio_path is None:  # two path resolutions, ~80 us a request: once per voice
-                ref_audio_path = self._clip_paths[ref.name] = _display_path(ref.path)
+            voice, ref_text, ref_audio_path = ref.name, ref.ref_text, self._clip_paths[ref.name]
             if opts.clone_mode == "upload":
                 body["voice"] = ref.name
             else:
@@ -185,8 +183,8 @@ class RequestBuilder:
         encoded = json.dumps(body, ensure_ascii=False).encode("utf-8")
         if clip_uri is not None:
             # The clip joins the serialised body as it is: a data: URI of base64 has nothing JSON escapes. Through
-            # json.dumps a body cost the client's event loop 0.98 ms (2-core VM; 0.12 this way), ~125 ms for the
-            # bodies of a first wave of 128 clones, which went out that much less at once.
+            # json.dumps a clone body cost the client's event loop ~0.9 ms (2-core VM, request_build_bench.py), ~120
+            # ms for the bodies of a first wave of 128 clones, which went out that much less at once.
             encoded = b"".join((encoded[:-1], b', "ref_audio": "', clip_uri, b'"}'))
         return SpeechRequest(item=item, body=encoded, voice=voice, instructions=instructions,
                              ref_audio_path=ref_audio_path, ref_text=ref_text)
