@@ -93,3 +93,12 @@ def logged(server: ServerThread, request_id: str, timeout: float = 10.0) -> dict
             assert found, lines[-3:]
             return found[-1]
         time.sleep(0.05)
+
+
+def wait_until(condition, seconds=10.0) -> bool:
+    """Whether condition() came true within `seconds` (polled)."""
+    for _ in range(int(seconds / 0.05)):
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()

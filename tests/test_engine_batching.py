@@ -12,6 +12,7 @@ from serving.engine.checkpoint import resolve_model
 from serving.engine.cuda_graphs import PrefillGraphs
 from serving.engine.engine import Engine, EngineConfig, RequestFailed
 from serving.engine.loader import load_stages
+from serving.engine.mailbox import Mailbox
 from serving.engine.request import GenerationRequest, SamplingParams
 
 CONFIG = dict(max_batch_size=4, max_model_len=128, chunk_frames=4, first_chunk_frames=2, left_context_frames=4)
@@ -571,3 +572,33 @@ def test_a_lone_streams_chunks_go_as_they_come_due():
     # the 8-frame chunk is due at frame 14, the 16-frame one at frame 30 (a step or two of launches ahead);
     # held, both began only once the talker was past its last frame
     assert began[8] <= 14 + 4 and began[16] <= 30 + 3
+
+
+def test_a_busy_reader_is_woken_once_for_the_chunks_that_came_meanwhile():
+    """The engine hands each chunk to its reader's loop through that loop's Mailbox: while the loop is busy (a
+    handler parsing a body), chunks of every stream pile up behind one wake-up of the loop instead of one each,
+    and each stream still gets all its chunks in order."""
+    async def main():
+        engine = Engine(EngineConfig(model=str(resolve_model("tiny-random")), **CONFIG))
+        await engine.start()
+        try:
+            streams = [await engine.submit(GenerationRequest(
+                task="CustomVoice", text="Piled up.", speaker="vivian", max_new_tokens=8,
+                sampling=SamplingParams(seed=seed))) for seed in range(4)]
+            box = Mailbox.of(asyncio.get_running_loop())
+            wakes = box.wakes
+            deadline = time.monotonic() + 60
+
+            def retired():  # out of the codec stage: its last chunk and its end were handed over
+                return all(s.codec is not None and s not in list(engine._codec_streams) for s in streams)
+
+            while not retired() and time.monotonic() < deadline:
+                time.sleep(0.02)  # the loop is held: nothing is drained
+            chunks = [[c async for c in s] for s in streams]
+            return box.wakes - wakes, chunks
+        finally:
+            await engine.shutdown()
+
+    wakes, chunks = asyncio.run(main())
+    assert [[len(c) // 1920 for c in cs] for cs in chunks] == [[2, 4, 2]] * 4  # first chunk 2 frames, then 4
+    assert wakes == 1, wakes  # one a chunk and an end each: 16

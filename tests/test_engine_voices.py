@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 
-from tests.server_fixtures import ServerThread, post_json
+from tests.server_fixtures import ServerThread, post_json, wait_until
 
 pytestmark = pytest.mark.slow
 VOICE_WAV = Path(__file__).resolve().parents[1] / "datasets" / "voices" / "en_us_female.wav"
@@ -33,14 +33,6 @@ def leave(server, uri):
         clone(server, timeout=1.0, ref_audio=uri, ref_text="Hello.")
     except OSError:  # the client's timeout: it left
         pass
-
-
-def wait_until(condition, seconds=10.0):
-    for _ in range(int(seconds / 0.05)):
-        if condition():
-            return True
-        threading.Event().wait(0.05)
-    return condition()
 
 
 class Held:

@@ -1,8 +1,10 @@
 """Voice clone (Base) and VoiceDesign checkpoints end to end: voices upload/use/list/delete/restart, API key."""
 
-import io
 import base64
+import hashlib
+import io
 import json
+import types
 import urllib.request
 import uuid
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 import soundfile as sf
 
 from serving.api import audio
+from serving.api import server as server_module
 from tests.server_fixtures import ServerThread, post_json
 
 pytestmark = pytest.mark.slow
@@ -84,10 +87,10 @@ def test_inline_reference_clip_and_embedding(base):
     assert np.abs(np.frombuffer(streamed, "<i2").astype(int) - np.frombuffer(icl, "<i2")).max() <= 2
 
 
-def test_an_inline_reference_is_encoded_once_and_reused(base):
-    """The same inline clip sent again is neither unpacked from base64 nor decoded (the server keeps decoded clips
-    by a hash of the data URI) nor encoded again (the engine's voice cache), and still sounds the same for the
-    same seed; another clip is a new entry in both."""
+def test_an_inline_reference_is_encoded_once_and_reused(base, monkeypatch):
+    """The same inline clip sent again is neither unpacked from base64, hashed nor decoded (the server keeps
+    decoded clips by the data URI's text, with the voice key hashed once) nor encoded again (the engine's voice
+    cache), and still sounds the same for the same seed; another clip is a new entry in both."""
     runner = base.server.engine.runner
     wav = VOICE_WAV.read_bytes()
     uri = "data:audio/wav;base64," + base64.b64encode(wav).decode()
@@ -96,15 +99,17 @@ def test_an_inline_reference_is_encoded_once_and_reused(base):
     runner.prompts.encode_reference = lambda audio: encoded.append(1) or encode(audio)
     runner._voice_cache.clear()  # earlier tests may have sent this clip
     base.server._clips.clear()
-    decoded, unpacked = [], []
+    decoded, unpacked, hashed = [], [], []
     decode, decode_uri = base.server._decode_clip, audio.decode_data_uri
     base.server._decode_clip = lambda data, param: decoded.append(1) or decode(data, param)
     audio.decode_data_uri = lambda text: unpacked.append(1) or decode_uri(text)
+    monkeypatch.setattr(server_module, "hashlib", types.SimpleNamespace(
+        sha256=lambda data: hashed.append(1) or hashlib.sha256(data)))
     try:
         first = clone(base, ref_audio=uri, ref_text="Hello there.", seed=11)
         second = clone(base, ref_audio=uri, ref_text="Hello there.", seed=11)
         assert first[0] == second[0] == 200 and first[2] == second[2]
-        assert len(encoded) == len(decoded) == len(unpacked) == 1  # the second request reused the first one's work
+        assert len(encoded) == len(decoded) == len(unpacked) == len(hashed) == 1  # the second reused the first's work
         data, sr = sf.read(io.BytesIO(wav), dtype="float32")
         buf = io.BytesIO()
         sf.write(buf, data * 0.5, sr, format="WAV")  # another clip: the same words, quieter

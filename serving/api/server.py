@@ -33,7 +33,7 @@ log = logging.getLogger("serving.api")
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a 10 MB clip as a base64 data URI, plus the JSON around it
 MAX_VOICE_UPLOAD_BYTES = 10 * 1024 * 1024
 URL_FETCH_TIMEOUT_S = 15
-INLINE_CLIP_CACHE = 32  # decoded inline reference clips kept (by a hash of the data URI, or of a URL's file)
+INLINE_CLIP_CACHE = 32  # decoded inline reference clips kept (by the data URI's text, or a hash of a URL's file)
 
 
 class SpeechServer:
@@ -53,8 +53,8 @@ class SpeechServer:
         self.started_at = time.time()
         self._startup_error: str | None = None
         self._start_task: asyncio.Task | None = None
-        self._clips = LRU(INLINE_CLIP_CACHE)  # decoded inline clips by a hash (_inline_clip)
-        self._decoding: dict[str, asyncio.Future] = {}  # the clips being decoded, by the same hash
+        self._clips = LRU(INLINE_CLIP_CACHE)  # (samples, voice key) of inline clips (_inline_clip)
+        self._decoding: dict[str, asyncio.Future] = {}  # the clips being decoded, by the same key
 
     # --- app ----------------------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
@@ -402,42 +402,48 @@ class SpeechServer:
 
     async def _inline_clip(self, ref: str) -> tuple[np.ndarray, str]:
         """(samples, voice key) of a data: URI or URL clip. Clients that clone over this API resend the same
-        reference with every request, so both the decoded samples (here, by a hash) and the engine's encoding
-        of them (the voice key) are cached: a repeat costs a hash, not a decode, a resample and the speaker and
-        codec encoders. Measured on an H100 at 128 concurrent clones, this handler's share (phase accept) was
-        390 ms per request while every clip was decoded anew (docs/performance.md). A data: URI is keyed by its
-        text, so a repeat skips the base64 decoding as well (a 175 kB WAV's repeat: 0.72 -> 0.19-0.22 ms of the
-        event loop on the 2-core development VM, for every request of a burst of clones); a URL by the file it
-        fetched. Requests that bring a clip while it is being decoded wait for that decoding: a burst's requests
-        all arrive before the first decoding ends, and each decoded its clip anew (a first wave of 128 clones of 8
-        voices: 128 decodings, accept 86 / 116 ms p50 / p95 on an H100 host, against 0.1 for custom voice)."""
+        reference with every request, so both the decoded samples (here) and the engine's encoding of them (the
+        voice key, a hash of the clip) are cached: a repeat costs a dictionary lookup, not a decode, a resample
+        and the speaker and codec encoders. Measured on an H100 at 128 concurrent clones, this handler's share
+        (phase accept) was 390 ms per request while every clip was decoded anew (docs/performance.md). A data: URI
+        is looked up by its text, which Python hashes without letting go of the interpreter (~50 us for a 175 kB
+        WAV's URI on the development VM, where its sha256 took ~140 us and let go twice: the handler then waits to
+        take the interpreter back beside the engine's busy threads); its sha256, the voice key, is computed once,
+        off the loop, with its decoding. A URL is keyed by a hash of the file it fetched. Requests that bring a
+        clip while it is being decoded wait for that decoding: a burst's requests all arrive before the first
+        decoding ends, and each decoded its clip anew (a first wave of 128 clones of 8 voices: 128 decodings,
+        accept 86 / 116 ms p50 / p95 on an H100 host, against 0.1 for custom voice)."""
         if ref.startswith(("http://", "https://")):
             data = await _fetch_url(ref)
-            key = "inline:" + hashlib.sha256(data).hexdigest()
+            voice_key = "inline:" + hashlib.sha256(data).hexdigest()
+            key, decode = voice_key, lambda: (self._decode_clip(data, "ref_audio"), voice_key)
         else:
-            data, key = None, "inline:" + hashlib.sha256(ref.encode()).hexdigest()
+            key, decode = ref, lambda: self._decode_inline(ref)
         clip = self._clips.get(key)
         if clip is not None:
-            return clip, key
+            return clip
         decoding = self._decoding.get(key)
         if decoding is None:
-            if data is None:
-                try:
-                    data = audio.decode_data_uri(ref)
-                except audio.AudioError as exc:
-                    raise bad_request(str(exc), "ref_audio", "invalid_audio") from None
-            if len(data) > MAX_VOICE_UPLOAD_BYTES:
-                raise APIError(413, "ref_audio is larger than 10 MB", param="ref_audio", code="file_too_large")
-            decoding = asyncio.get_running_loop().run_in_executor(None, self._decode_clip, data, "ref_audio")
+            decoding = asyncio.get_running_loop().run_in_executor(None, decode)
             self._decoding[key] = decoding
             decoding.add_done_callback(lambda done: self._decoded(key, done))
         # shielded: a client that leaves cancels its own wait, not the decoding the others wait for
-        return await asyncio.shield(decoding), key
+        return await asyncio.shield(decoding)
 
     def _decoded(self, key: str, done: asyncio.Future) -> None:
         del self._decoding[key]
         if not done.cancelled() and done.exception() is None:
             self._clips.put(key, done.result())
+
+    def _decode_inline(self, ref: str) -> tuple[np.ndarray, str]:
+        """(samples, voice key) of a data: URI or bare base64 clip (off the loop)."""
+        try:
+            data = audio.decode_data_uri(ref)
+        except audio.AudioError as exc:
+            raise bad_request(str(exc), "ref_audio", "invalid_audio") from None
+        if len(data) > MAX_VOICE_UPLOAD_BYTES:
+            raise APIError(413, "ref_audio is larger than 10 MB", param="ref_audio", code="file_too_large")
+        return self._decode_clip(data, "ref_audio"), "inline:" + hashlib.sha256(ref.encode()).hexdigest()
 
     @staticmethod
     def _decode_clip(data: bytes, param: str) -> np.ndarray:

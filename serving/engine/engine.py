@@ -9,8 +9,8 @@ waiting ones are admitted.
 The engine's loop is not the HTTP server's: a step's launch and its codes each take a turn of the loop, and
 on the server's loop that turn waited behind every handler ready before it. A burst of voice clones (~235 kB
 bodies, ~1.7 ms of parsing each) held a first wave's prefill of 6 prompts for 192 ms on an H100 host
-(docs/performance.md). Requests cross over in `submit` (a turn of the engine's loop), each stream's audio
-and its cancellation by the loops' thread-safe calls.
+(docs/performance.md). Requests, their acceptance, each stream's audio and its cancellation cross between the
+loops through each loop's Mailbox: one wake-up of a loop per batch of calls, not one a call.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import numpy as np
 
 from serving.engine.codec_graphs import CodecGraphReport
 from serving.engine.codec_stage import CodecStream, next_batch
+from serving.engine.mailbox import Mailbox
 from serving.engine.request import GenerationRequest
 from serving.engine.scheduler import QueueFullError, Scheduler
 from serving.model.config import SAMPLE_RATE, GenerationDefaults
@@ -150,6 +151,14 @@ class RequestFailed(Exception):
         self.status = status
 
 
+def _settle(future: asyncio.Future, error: Exception | None) -> None:
+    if not future.done():  # else its handler was cancelled meanwhile
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+
 class RequestStream:
     """The audio of one request, chunk by chunk, as an async iterator of float32 arrays."""
 
@@ -157,7 +166,7 @@ class RequestStream:
         self.engine = engine
         self.request = request
         self.queue: asyncio.Queue = asyncio.Queue()  # read on `reader`, the loop of the request's handler
-        self._reader = reader
+        self._reader = Mailbox.of(reader)
         self.frames = 0
         self.finished = False  # every chunk was delivered
         self.cancelled = False
@@ -177,8 +186,12 @@ class RequestStream:
 
     def put(self, item) -> None:
         """Hand the reader a chunk (waveform, when ready), None at the end, or an exception (the engine's thread)."""
+        self.to_reader(self.queue.put_nowait, item)
+
+    def to_reader(self, fn, *args) -> None:
+        """Run fn(*args) on the reader's loop (from the engine's thread)."""
         try:
-            self._reader.call_soon_threadsafe(self.queue.put_nowait, item)
+            self._reader.post(fn, *args)
         except RuntimeError:  # the reader's loop is closed: nobody is left to read
             pass
 
@@ -206,7 +219,7 @@ class RequestStream:
         if not self.cancelled and not self.finished:
             self.cancelled = True
             try:
-                self.engine._loop.call_soon_threadsafe(self.engine._on_cancel, self)
+                self.engine._inbox.post(self.engine._on_cancel, self)
             except RuntimeError:  # the engine's loop is closed: shut down, its slots are gone
                 pass
 
@@ -221,6 +234,7 @@ class Engine:
         self.codec = None  # CodecRunner
         self.scheduler: Scheduler[RequestStream] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the engine's own loop, run by self._thread
+        self._inbox: Mailbox | None = None  # requests and cancellations for that loop, from the handlers' loops
         self._thread: threading.Thread | None = None
         self._talker_pool = ThreadPoolExecutor(1, thread_name_prefix="talker")
         self._codec_pool = ThreadPoolExecutor(1, thread_name_prefix="codec")
@@ -248,6 +262,7 @@ class Engine:
         """Start the engine's loop in its thread; there, load both stages (each on its own thread and device),
         warm them up, then start the stages' loops."""
         self._loop = asyncio.new_event_loop()
+        self._inbox = Mailbox.of(self._loop)
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine", daemon=True)
         self._thread.start()
         await self._on_engine_loop(self._start())
@@ -349,25 +364,32 @@ class Engine:
         if request.max_new_tokens >= self.config.max_model_len:
             raise ValueError(f"max_new_tokens {request.max_new_tokens} leaves no room for the prompt in "
                              f"--max-model-len {self.config.max_model_len}")
-        stream = RequestStream(self, request, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        stream = RequestStream(self, request, loop)
+        accepted = loop.create_future()
+        self._inbox.post(self._submit, stream, accepted)
         try:
-            await self._on_engine_loop(self._submit(stream))
+            await accepted
         except asyncio.CancelledError:  # its client left meanwhile: queued or not, the engine lets it go
             stream.cancel()
             raise
         return stream
 
-    async def _submit(self, stream: RequestStream) -> None:
-        if stream.cancelled:  # its client left before the engine's loop got to it
-            return
-        request = stream.request
-        self.scheduler.submit(stream)
-        if self.runner.needs_voice(request):
-            stream.voice_pending = True
-            task = asyncio.get_running_loop().create_task(self._await_voice(stream, self._voice_job(request)))
-            self._voice_tasks.add(task)
-            task.add_done_callback(self._voice_tasks.discard)
-        self._wake_talker.set()
+    def _submit(self, stream: RequestStream, accepted: asyncio.Future) -> None:
+        """Queue a stream (on the engine's loop) and tell its handler whether it was accepted."""
+        error = None
+        try:
+            if not stream.cancelled:  # else its client left before the engine's loop got to it
+                self.scheduler.submit(stream)  # QueueFullError when over capacity
+                if self.runner.needs_voice(stream.request):
+                    stream.voice_pending = True
+                    task = self._loop.create_task(self._await_voice(stream, self._voice_job(stream.request)))
+                    self._voice_tasks.add(task)
+                    task.add_done_callback(self._voice_tasks.discard)
+                self._wake_talker.set()
+        except Exception as exc:  # the handler answers it; it must never wait for an answer that is not coming
+            error = exc
+        stream.to_reader(_settle, accepted, error)
 
     def _voice_job(self, request: GenerationRequest) -> asyncio.Future:
         """The encoding of a request's new voice on the voice thread, one per voice: the requests of a voice that
