@@ -9,10 +9,10 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 import struct
 
 import numpy as np
+import orjson
 import soundfile as sf
 
 from serving.model.config import SAMPLE_RATE
@@ -64,7 +64,9 @@ def encode(samples: np.ndarray, fmt: str, sample_rate: int = SAMPLE_RATE) -> byt
 
 
 def sse_event(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    """One event, every streamed chunk's: orjson writes a delta's ~26 kB of base64 in ~2 us, json.dumps in ~57
+    (development VM), on the server's event loop."""
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def sse_delta(pcm: bytes) -> bytes:

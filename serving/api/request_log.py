@@ -11,10 +11,11 @@ main thread's ~500 active samples at 128 streams of short text (H100, docs/perfo
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
+
+import orjson
 
 log = logging.getLogger("serving.api")
 
@@ -42,7 +43,7 @@ class RequestLog:
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                os.write(fd, (json.dumps(record) + "\n").encode())
+                os.write(fd, orjson.dumps(record) + b"\n")
             finally:
                 os.close(fd)
         except OSError as exc:
