@@ -53,9 +53,10 @@ T0=$(date +%s)
 say() { echo "=== $* ($(( $(date +%s) - T0 ))s)"; }
 
 WHEELS=${WHEELS:-.peer-bench/whl/common}
-if [ -d "$WHEELS" ] && [ ! -d /tmp/site_ours ]; then  # soundfile, soxr (+ cffi, pycparser) are not in the image
+if [ -d "$WHEELS" ] && [ ! -d /tmp/site_ours ]; then  # soundfile, soxr (+ cffi, pycparser), orjson: not in the image
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site_ours \
-    "$WHEELS"/soundfile-*.whl "$WHEELS"/soxr-*.whl "$WHEELS"/cffi-*.whl "$WHEELS"/pycparser-*.whl 2>&1 | tail -2
+    "$WHEELS"/soundfile-*.whl "$WHEELS"/soxr-*.whl "$WHEELS"/cffi-*.whl "$WHEELS"/pycparser-*.whl \
+    "$WHEELS"/orjson-*.whl 2>&1 | tail -2
 fi
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}:/tmp/site_ours
 PYSPY=${PYSPY:-}
