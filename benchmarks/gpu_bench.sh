@@ -53,7 +53,8 @@ T0=$(date +%s)
 say() { echo "=== $* ($(( $(date +%s) - T0 ))s)"; }
 
 WHEELS=${WHEELS:-.peer-bench/whl/common}
-if [ -d "$WHEELS" ] && [ ! -d /tmp/site_ours ]; then  # soundfile, soxr (+ cffi, pycparser), orjson: not in the image
+# soundfile, soxr (+ cffi, pycparser), orjson: not in the image (orjson is newest: a folder an older tree filled lacks it)
+if [ -d "$WHEELS" ] && [ ! -d /tmp/site_ours/orjson ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site_ours \
     "$WHEELS"/soundfile-*.whl "$WHEELS"/soxr-*.whl "$WHEELS"/cffi-*.whl "$WHEELS"/pycparser-*.whl \
     "$WHEELS"/orjson-*.whl 2>&1 | tail -2
