@@ -92,3 +92,18 @@ def test_calls_from_several_threads_all_run_once():
     finally:
         _stop(loop, thread)
 
+
+
+def test_a_loop_that_is_gone_leaves_no_mailbox_behind():
+    import gc
+    import weakref
+
+    loop = asyncio.new_event_loop()
+    box = Mailbox.of(loop)
+    gone = weakref.ref(loop)
+    loop.close()
+    del loop
+    gc.collect()
+    assert gone() is None  # the registry did not keep it
+    with pytest.raises(RuntimeError):
+        box.post(print, "never")

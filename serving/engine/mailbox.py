@@ -29,7 +29,7 @@ class Mailbox:
     """Posted calls run on `loop`, in order, each at most once; a call that raises is logged and the rest run."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self._loop = loop
+        self._loop = weakref.ref(loop)  # not the loop itself: the registry's entry would keep its key alive
         self._calls: deque[tuple[Callable, tuple]] = deque()
         self._lock = threading.Lock()
         self._waking = False  # a drain is scheduled and has not yet taken the calls
@@ -53,7 +53,10 @@ class Mailbox:
             self._waking = True
             self.wakes += 1
         try:
-            self._loop.call_soon_threadsafe(self._drain)
+            loop = self._loop()
+            if loop is None:
+                raise RuntimeError("the event loop is gone")
+            loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # closed: nothing will drain; let the next post try (and raise) again
             with self._lock:
                 self._waking = False
