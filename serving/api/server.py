@@ -411,8 +411,8 @@ class SpeechServer:
         and the speaker and codec encoders. Measured on an H100 at 128 concurrent clones, this handler's share
         (phase accept) was 390 ms per request while every clip was decoded anew (docs/performance.md). A data: URI
         is looked up by its text, which Python hashes without letting go of the interpreter (~50 us for a 175 kB
-        WAV's URI on the development VM, where its sha256 took ~140 us and let go twice: the handler then waits to
-        take the interpreter back beside the engine's busy threads); its sha256, the voice key, is computed once,
+        WAV's URI on the development VM, where its sha256 took ~140 us and let go of it: the handler then waited
+        to take the interpreter back beside the engine's busy threads); its sha256, the voice key, is computed once,
         off the loop, with its decoding. A URL is keyed by a hash of the file it fetched. Requests that bring a
         clip while it is being decoded wait for that decoding: a burst's requests all arrive before the first
         decoding ends, and each decoded its clip anew (a first wave of 128 clones of 8 voices: 128 decodings,
