@@ -2,7 +2,7 @@
 codes) over each clip of datasets/voices, as the server runs them for a voice clone it has not met.
 
     python benchmarks/voice_encode_bench.py [--device cuda] [--size 0.6B] [--reps 3] [--profile]
-                                            [--parallel 1,2,4] [--json OUT.json]
+                                            [--parallel 1,2,4] [--busy 2] [--eager] [--json OUT.json]
 
 Served on an H100, a clone level's first requests waited 70-120 ms each on their new voice (phase prefill at c=1,
 docs/performance.md), more than the ~40 ms an earlier measurement of one clip gave. This times, per clip, the
@@ -12,6 +12,9 @@ the median of --reps repeats; with cuDNN off, as serving.engine.prompts runs the
 of one repeat of each encoder and their summed GPU time, against its wall time: far apart, the encoder is bound by
 its launches, not the GPU. Random weights of the released architectures (the sizes' speaker encoder configs and the
 released 12 Hz speech tokenizer; `--size tiny`: the tests' small ones), built in memory: no checkpoint needed.
+Both networks run as TorchScript, unoptimised, as the server runs them since session 39 (serving.engine.prompts);
+--eager runs the modules' Python forward instead, as the server did before: the same operators, each taking the
+interpreter back after its launch.
 
 --parallel N,... asks how many new voices a second N encoders sharing the work reach, as threads of one process
 (the engine's voice thread; each thread on its own CUDA stream) and as processes of their own (spawned, each with
@@ -19,7 +22,9 @@ its own encoders and CUDA context): served on an H100, four voice threads encode
 (~20 beside a load of 128 streams, docs/performance.md thirty-third pass). Each encoding is the server's (x-vector
 and codes copied to the host) of a clip a few samples shorter than the last, a length the encoders have not met.
 A GPU question: on a CPU each process also brings its own pool of compute threads, which contend for the cores (the
-2-core VM, tiny encoders: 1 / 2 threads 22.0 / 41.5 voices a second, 1 / 2 processes 35.8 / 9.6).
+2-core VM, tiny encoders: 1 / 2 threads 22.0 / 41.5 voices a second, 1 / 2 processes 35.8 / 9.6). --busy N runs N
+threads beside them that launch small operators on the device without pause, as a served engine's talker and codec
+threads take the interpreter in turn with the voice thread.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import numpy as np
 import soundfile as sf
 import torch
 
+from serving.engine.prompts import _script
 from serving.model import mel as mel_frontend
 from serving.model.checkpoint import model_config_dict
 from serving.model.codec_config import released_codec_config, tiny_codec_config
@@ -71,13 +77,18 @@ def timed(fn, device: torch.device) -> tuple[object, float]:
     return out, (time.perf_counter() - t0) * 1e3
 
 
-def encode_parts(speaker, codec, audio: np.ndarray, device: torch.device) -> dict[str, float]:
+def scripted(speaker, codec, eager: bool) -> tuple:
+    """(speaker net, codec net) as the server runs them (TorchScript), or (None, None): the modules themselves."""
+    return (None, None) if eager else (_script(speaker), _script(codec))
+
+
+def encode_parts(speaker, codec, nets: tuple, audio: np.ndarray, device: torch.device) -> dict[str, float]:
     """ms of each part of one voice's encoding (SpeakerEncoder.embed's steps, then CodecEncoder.encode)."""
     wav, resample_ms = timed(lambda: resample(audio, SAMPLE_RATE, speaker.config.sample_rate), device)
     mels, mel_ms = timed(lambda: mel_frontend.log_mel_spectrogram(torch.from_numpy(wav).unsqueeze(0).to(device)),
                          device)
-    _, net_ms = timed(lambda: speaker(mels), device)
-    _, codec_ms = timed(lambda: codec.encode([audio], SAMPLE_RATE), device)
+    _, net_ms = timed(lambda: (speaker if nets[0] is None else nets[0])(mels), device)
+    _, codec_ms = timed(lambda: codec.encode([audio], SAMPLE_RATE, net=nets[1]), device)
     return {"resample": resample_ms, "mel": mel_ms, "speaker_net": net_ms, "codec": codec_ms,
             "total": resample_ms + mel_ms + net_ms + codec_ms}
 
@@ -101,19 +112,22 @@ def kernel_profile(fn, device: torch.device) -> dict:
             "top_ops": ops[:15]}
 
 
-def encode_voice(speaker, codec, audio: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_voice(speaker, codec, nets: tuple, audio: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """A new voice as the server encodes it (serving.engine.prompts.PromptBuilder.encode_reference): x-vector and
     reference codes, both on the host."""
-    return speaker.embed(audio, SAMPLE_RATE).float().cpu(), codec.encode([audio], SAMPLE_RATE)[0].cpu()
+    with torch.jit.optimized_execution(False):
+        return (speaker.embed(audio, SAMPLE_RATE, net=nets[0]).float().cpu(),
+                codec.encode([audio], SAMPLE_RATE, net=nets[1])[0].cpu())
 
 
 _worker: dict = {}  # a spawned worker's encoders
 
 
-def _worker_start(size: str, device: str, warm_up: np.ndarray) -> None:
+def _worker_start(size: str, device: str, warm_up: np.ndarray, eager: bool) -> None:
     torch.backends.cudnn.enabled = False  # as served; a process of its own has no one else to keep it for
     _worker["device"] = torch.device(device)
-    _worker["encoders"] = build(size, _worker["device"])
+    speaker, codec = build(size, _worker["device"])
+    _worker["encoders"] = (speaker, codec, scripted(speaker, codec, eager))
     _encode_in_worker(warm_up)  # the process's first encoding sets up its libraries (0.77 s on an H100)
 
 
@@ -122,13 +136,35 @@ def _encode_in_worker(audio: np.ndarray) -> int:
         return encode_voice(*_worker["encoders"], audio)[1].shape[0]
 
 
-def parallel_rate(kind: str, workers: int, clips: list[np.ndarray], speaker, codec, size: str,
+@contextlib.contextmanager
+def busy_threads(n: int, device: torch.device):
+    """n threads launching small operators on `device` (each lets go of the interpreter and takes it back) until
+    the block ends."""
+    stop = threading.Event()
+
+    def launch():
+        x = torch.zeros(64, device=device)
+        while not stop.is_set():
+            x.add_(1)
+
+    threads = [threading.Thread(target=launch, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+
+
+def parallel_rate(kind: str, workers: int, clips: list[np.ndarray], speaker, codec, nets: tuple, size: str,
                   device: torch.device) -> float:
     """New voices a second that `workers` threads (sharing speaker and codec) or spawned processes reach over
     `clips`, the pool started and warmed before the clock starts."""
     if kind == "processes":
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start,
-                                   initargs=(size, str(device), clips[0]))
+                                   initargs=(size, str(device), clips[0], nets[0] is None))
         for f in [pool.submit(_encode_in_worker, clips[0]) for _ in range(workers)]:  # every process started
             f.result()
 
@@ -144,7 +180,7 @@ def parallel_rate(kind: str, workers: int, clips: list[np.ndarray], speaker, cod
                     streams.stream = torch.cuda.Stream(device)
                 own_stream = torch.cuda.stream(streams.stream)
             with torch.inference_mode(), own_stream:
-                return encode_voice(speaker, codec, audio)
+                return encode_voice(speaker, codec, nets, audio)
 
         def job(audio):
             return pool.submit(encode, audio)
@@ -166,25 +202,28 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--parallel", default="", help="encoders sharing the work, e.g. 1,2,4: new voices a second")
     ap.add_argument("--parallel-voices", type=int, default=32, help="encodings each --parallel figure shares")
+    ap.add_argument("--busy", type=int, default=0, help="threads launching small operators beside --parallel")
+    ap.add_argument("--eager", action="store_true", help="the modules' Python forward, not TorchScript")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     device = torch.device(args.device)
     speaker, codec = build(args.size, device)
+    nets = scripted(speaker, codec, args.eager)
     clips = sorted(args.voices.glob("*.wav"))
     if not clips:
         raise SystemExit(f"no *.wav in {args.voices}")
     rows = []
     parts = ("resample", "mel", "speaker_net", "codec", "total")
     print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; torch {torch.__version__}; "
-          f"size {args.size}; cuDNN off; ms")
+          f"size {args.size}; cuDNN off; {'eager' if args.eager else 'TorchScript'}; ms")
     print("| clip | seconds | first call: " + " / ".join(parts) + " | repeat (median): " + " / ".join(parts) + " |")
     print("|---|---|---|---|")
-    with torch.inference_mode(), torch.backends.cudnn.flags(enabled=False):
+    with torch.inference_mode(), torch.backends.cudnn.flags(enabled=False), torch.jit.optimized_execution(False):
         for path in clips:
             data, sr = sf.read(path, dtype="float32")
             audio = resample(to_mono(data), sr, SAMPLE_RATE)
-            first = encode_parts(speaker, codec, audio, device)
-            repeats = [encode_parts(speaker, codec, audio, device) for _ in range(args.reps)]
+            first = encode_parts(speaker, codec, nets, audio, device)
+            repeats = [encode_parts(speaker, codec, nets, audio, device) for _ in range(args.reps)]
             median = {k: statistics.median(r[k] for r in repeats) for k in parts}
             row = {"clip": path.name, "seconds": round(len(audio) / SAMPLE_RATE, 2),
                    "first": {k: round(v, 2) for k, v in first.items()},
@@ -197,8 +236,8 @@ def main() -> None:
             audio = resample(to_mono(sf.read(clips[0], dtype="float32")[0]), sf.info(clips[0]).samplerate, SAMPLE_RATE)
             wav = resample(audio, SAMPLE_RATE, speaker.config.sample_rate)
             mels = mel_frontend.log_mel_spectrogram(torch.from_numpy(wav).unsqueeze(0).to(device))
-            profiles = {"speaker_net": kernel_profile(lambda: speaker(mels), device),
-                        "codec": kernel_profile(lambda: codec.encode([audio], SAMPLE_RATE), device)}
+            profiles = {"speaker_net": kernel_profile(lambda: (speaker if nets[0] is None else nets[0])(mels), device),
+                        "codec": kernel_profile(lambda: codec.encode([audio], SAMPLE_RATE, net=nets[1]), device)}
             for name, p in profiles.items():
                 print(f"profile {name} ({clips[0].name}, a repeat): {p['kernels']} kernels, {p['kernel_ms']} ms of "
                       f"kernels in {p['wall_ms']} ms of wall time")
@@ -215,11 +254,12 @@ def main() -> None:
             used += args.parallel_voices
             return [sources[i % len(sources)][: len(sources[i % len(sources)]) - 7 * i] for i in cuts]
 
+        print(f"beside {args.busy} busy threads" if args.busy else "nothing beside")
         print("| encoders | threads: new voices / s | processes: new voices / s |")
         print("|---|---|---|")
         for n in (int(x) for x in args.parallel.split(",")):
-            with torch.backends.cudnn.flags(enabled=False):
-                rates = {kind: parallel_rate(kind, n, fresh(), speaker, codec, args.size, device)
+            with torch.backends.cudnn.flags(enabled=False), busy_threads(args.busy, device):
+                rates = {kind: parallel_rate(kind, n, fresh(), speaker, codec, nets, args.size, device)
                          for kind in ("threads", "processes")}
             parallel.append({"workers": n, **{k: round(v, 2) for k, v in rates.items()}})
             print(f"| {n} | {rates['threads']:.1f} | {rates['processes']:.1f} |", flush=True)
@@ -227,7 +267,8 @@ def main() -> None:
     mean_repeat = statistics.mean(r["repeat"]["total"] for r in rows)
     print(f"mean over {len(rows)} clips: first call {mean_first:.1f} ms, repeat {mean_repeat:.1f} ms")
     if args.json:
-        args.json.write_text(json.dumps({"device": str(device), "size": args.size, "rows": rows,
+        args.json.write_text(json.dumps({"device": str(device), "size": args.size, "eager": args.eager,
+                                         "busy": args.busy, "rows": rows,
                                          "profiles": profiles, "parallel": parallel}, indent=1) + "\n")
 
 

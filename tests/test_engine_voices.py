@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import soundfile as sf
+import torch
 
 from tests.server_fixtures import ServerThread, post_json, wait_until
 
@@ -76,6 +77,19 @@ def test_start_up_warms_the_encoders_with_a_synthetic_clip(base, monkeypatch):
     monkeypatch.setattr(runner.prompts, "encode_reference", lambda audio: calls.append(len(audio)) or real(audio))
     runner.prompts.warm_up_encoders()
     assert calls == [2 * 24000] and not runner._voice_cache  # a synthetic clip, not kept as a voice
+
+
+def test_the_voice_thread_encodes_through_torchscript_as_the_modules_do(base):
+    """The server's encoders run as TorchScript (the interpreter let go for a whole network): the same x-vector
+    and codes as the Python modules give, to the bit."""
+    prompts = base.server.engine.runner.prompts
+    assert isinstance(prompts._speaker_net, torch.jit.ScriptModule)
+    assert isinstance(prompts._codec_net, torch.jit.ScriptModule)
+    clip = sf.read(VOICE_WAV, dtype="float32")[0]
+    embedding, codes = prompts.encode_reference(clip)
+    with torch.backends.cudnn.flags(enabled=False):
+        assert torch.equal(embedding, prompts.model.speaker_encoder.embed(clip, 24000).float().cpu())
+        assert torch.equal(codes, prompts.codec_encoder.encode([clip], 24000)[0].cpu())
 
 
 @pytest.fixture

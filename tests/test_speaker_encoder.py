@@ -104,3 +104,23 @@ def test_launches_do_not_grow_with_channels(encoder):
     names = [event.name for event in prof.events()]
     assert names.count("aten::slow_conv_dilated2d") == 3 * (encoder.config.enc_res2net_scale - 1)
     assert names.count("aten::copy_") < names.count("aten::conv1d")
+
+
+def test_torchscript_of_the_released_sizes_gives_the_same_x_vector_and_codes():
+    """The server scripts both reference encoders (serving.engine.prompts._script); at the released sizes, on real
+    speech, the scripted networks agree with the modules to the bit."""
+    from serving.engine.prompts import _script
+    from serving.model.checkpoint import model_config_dict
+    from serving.model.codec_config import released_codec_config
+    from serving.model.speech_tokenizer import SpeechTokenizer
+    from serving.model.speech_tokenizer import init_random_ as init_codec_random_
+
+    speaker = build_speaker_encoder(model_config_dict("0.6B", "base")["speaker_encoder_config"])
+    init_random_(speaker, torch.Generator().manual_seed(1))
+    codec = SpeechTokenizer(released_codec_config())
+    init_codec_random_(codec, seed=2)
+    speaker, codec = speaker.eval(), codec.encoder.float().eval()
+    audio, sr = read_audio(str(VOICES / "fr_female.wav"))
+    with torch.jit.optimized_execution(False):
+        assert torch.equal(speaker.embed(audio, sr, net=_script(speaker)), speaker.embed(audio, sr))
+        assert torch.equal(codec.encode([audio], sr, net=_script(codec))[0], codec.encode([audio], sr)[0])

@@ -7,10 +7,12 @@ is encoded once, not on every request.
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import numpy as np
 import torch
+from torch import nn
 
 from serving.engine.request import GenerationRequest
 from serving.model.config import SAMPLE_RATE
@@ -34,6 +36,9 @@ class PromptBuilder:
         if device.type == "cuda":  # a burst's text is a gather, not kernels planned per shape (tabulate_text)
             self.builder.tabulate_text()
         self.num_groups = model_cfg.talker.num_code_groups
+        self._speaker_net = self._codec_net = None
+        if model.speaker_encoder is not None and codec_encoder is not None:
+            self._speaker_net, self._codec_net = _script(model.speaker_encoder), _script(codec_encoder)
 
     def tts_pad_embed(self) -> torch.Tensor:
         with torch.inference_mode():
@@ -120,7 +125,21 @@ class PromptBuilder:
         # On an H100 a new length took 29 + 60 ms (speaker + codec encoder) through cuDNN, 24 + 17 ms without
         # (repeats: 7 + 15 against 22 + 15; docs/performance.md). A voice is encoded once, so first calls are what
         # count. The flag is process-wide: the codec thread's eager calls (priming) meanwhile also skip cuDNN.
-        with torch.backends.cudnn.flags(enabled=False):
-            embedding = self.model.speaker_encoder.embed(audio, SAMPLE_RATE).float().cpu()
-            codes = self.codec_encoder.encode([audio], SAMPLE_RATE)[0].cpu()
+        # The networks run as TorchScript (_script), unoptimised: the same operators, no fusions compiled per length.
+        with torch.backends.cudnn.flags(enabled=False), torch.jit.optimized_execution(False):
+            embedding = self.model.speaker_encoder.embed(audio, SAMPLE_RATE, net=self._speaker_net).float().cpu()
+            codes = self.codec_encoder.encode([audio], SAMPLE_RATE, net=self._codec_net)[0].cpu()
         return embedding, codes
+
+
+def _script(module: nn.Module) -> torch.jit.ScriptModule:
+    """A reference encoder as TorchScript, for the voice thread. In Python each of an encoding's ~700 operators
+    takes the interpreter back after its launch, beside the talker's, codec's and loops' threads: on an H100 a new
+    voice took ~40-50 ms under load against ~19 alone, ~20 voices a second (docs/performance.md). TorchScript runs
+    the whole network with the interpreter let go, the same operators, and the same parameters (shared, not
+    copied). On the development VM, a tiny speaker encoder beside two threads of small torch operators: 4.4-6.4 ms
+    a call in Python, 1.7 in TorchScript. torch.jit.script warns that it is deprecated (PyTorch 2.13); it still
+    ships and is what releases the interpreter for a whole call without a compile step per length."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.* is deprecated")
+        return torch.jit.script(module)

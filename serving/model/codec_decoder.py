@@ -376,7 +376,8 @@ class LayerScale(nn.Module):
         return self.kernel(residual, self.scale, x)
 
 
-def rope_tables(num_positions: int, head_dim: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(num_positions: int, head_dim: int, theta: float, device: torch.device,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-half RoPE cos/sin for positions 0..num_positions-1, as transformers' default rotary embedding."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
     freqs_tk = torch.outer(torch.arange(num_positions, device=device, dtype=torch.float32), inv_freq)

@@ -145,12 +145,11 @@ class MimiTransformerLayer(nn.Module):
 class MimiTransformer(nn.Module):
     def __init__(self, config: CodecEncoderConfig):
         super().__init__()
-        self.config = config
+        self.head_dim, self.rope_theta = config.head_dim, float(config.rope_theta)
         self.layers = nn.ModuleList([MimiTransformerLayer(config) for _ in range(config.num_hidden_layers)])
 
     def forward(self, x_btc: torch.Tensor) -> torch.Tensor:
-        cos_tk, sin_tk = rope_tables(x_btc.shape[1], self.config.head_dim, self.config.rope_theta, x_btc.device,
-                                     x_btc.dtype)
+        cos_tk, sin_tk = rope_tables(x_btc.shape[1], self.head_dim, self.rope_theta, x_btc.device, x_btc.dtype)
         for layer in self.layers:
             x_btc = layer(x_btc, cos_tk, sin_tk)
         return x_btc
@@ -167,6 +166,9 @@ class EuclideanCodebook(nn.Module):
     def vectors(self) -> torch.Tensor:
         return self._codebook()[0]
 
+    def side(self) -> torch.Tensor:
+        return self._codebook()[1]
+
     def _codebook(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(vectors (K, D), their side of torch.cdist's matrix product (K, D + 2)), computed once for the buffers
         as they are: a voice's encoding runs 16 codebooks, and recomputing both made ~7 of each one's ~18 kernel
@@ -181,12 +183,17 @@ class EuclideanCodebook(nn.Module):
         return self._kept[1], self._kept[2]
 
     def nearest(self, x_nd: torch.Tensor) -> torch.Tensor:
-        """Each row's nearest vector, as the official quantize finds it (torch.cdist, p=2, then argmin): cdist's
-        own matrix-product form for over 25 vectors, term for term, with the codebook's side kept (_codebook)."""
-        x = x_nd.float()
-        norm = x.pow(2).sum(-1, keepdim=True)
-        rows = torch.cat([x.mul(-2), norm, torch.ones_like(norm)], -1)
-        return rows[None].matmul(self._codebook()[1][None].mT).clamp_min_(0).sqrt_()[0].argmin(dim=-1)
+        return nearest_codes(x_nd, self.side())
+
+
+def nearest_codes(x_nd: torch.Tensor, side_kd: torch.Tensor) -> torch.Tensor:
+    """Each row's nearest codebook vector, as the official quantize finds it (torch.cdist, p=2, then argmin):
+    cdist's own matrix-product form for over 25 vectors, term for term, with the codebook's side of it kept
+    (EuclideanCodebook._codebook)."""
+    x = x_nd.float()
+    norm = x.pow(2).sum(-1, keepdim=True)
+    rows = torch.cat([x.mul(-2), norm, torch.ones_like(norm)], -1)
+    return rows[None].matmul(side_kd[None].transpose(-2, -1)).clamp_min_(0).sqrt_()[0].argmin(dim=-1)
 
 
 class _CodebookHolder(nn.Module):
@@ -206,14 +213,19 @@ class MimiResidualVectorQuantizer(nn.Module):
         # used by Mimi's decoder only; kept so the checkpoint loads strictly
         self.output_proj = nn.Conv1d(config.vector_quantization_hidden_dimension, config.hidden_size, 1, bias=False)
 
-    def encode(self, embeddings_bct: torch.Tensor, num_quantizers: int) -> torch.Tensor:
-        """(B, hidden, T) -> (num_quantizers, B, T) codes, each codebook quantizing what the previous left."""
+    def codebooks(self, num_quantizers: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(vectors, sides) of the first num_quantizers codebooks, as encode takes them (kept: _codebook)."""
+        books = [holder.codebook._codebook() for holder in self.layers[:num_quantizers]]
+        return [vectors for vectors, _ in books], [side for _, side in books]
+
+    def encode(self, embeddings_bct: torch.Tensor, vectors: list[torch.Tensor],
+               sides: list[torch.Tensor]) -> torch.Tensor:
+        """(B, hidden, T) -> (codebooks, B, T) codes, each codebook quantizing what the previous left."""
         residual_btd = self.input_proj(embeddings_bct).permute(0, 2, 1)
-        b, t, d = residual_btd.shape
+        b, t, d = residual_btd.shape[0], residual_btd.shape[1], residual_btd.shape[2]
         all_codes = []
-        for holder in self.layers[:num_quantizers]:
-            vectors_kd = holder.codebook.vectors()
-            codes_bt = holder.codebook.nearest(residual_btd.reshape(-1, d)).view(b, t)
+        for vectors_kd, side_kd in zip(vectors, sides):
+            codes_bt = nearest_codes(residual_btd.reshape(-1, d), side_kd).view(b, t)
             residual_btd = residual_btd - F.embedding(codes_bt, vectors_kd)
             all_codes.append(codes_bt)
         return torch.stack(all_codes)
@@ -227,10 +239,18 @@ class MimiSplitResidualVectorQuantizer(nn.Module):
         self.acoustic_residual_vector_quantizer = MimiResidualVectorQuantizer(
             config, config.num_quantizers - self.num_semantic)
 
-    def encode(self, embeddings_bct: torch.Tensor, num_quantizers: int) -> torch.Tensor:
-        codes = self.semantic_residual_vector_quantizer.encode(embeddings_bct, self.num_semantic)
-        if num_quantizers > self.num_semantic:
-            acoustic = self.acoustic_residual_vector_quantizer.encode(embeddings_bct, num_quantizers - self.num_semantic)
+    def codebooks(self, num_quantizers: int) -> tuple[list[torch.Tensor], ...]:
+        """(semantic vectors, sides, acoustic vectors, sides) of the first num_quantizers codebooks, for encode."""
+        semantic = self.semantic_residual_vector_quantizer.codebooks(self.num_semantic)
+        acoustic = self.acoustic_residual_vector_quantizer.codebooks(max(0, num_quantizers - self.num_semantic))
+        return semantic + acoustic
+
+    def encode(self, embeddings_bct: torch.Tensor, semantic_vectors: list[torch.Tensor],
+               semantic_sides: list[torch.Tensor], acoustic_vectors: list[torch.Tensor],
+               acoustic_sides: list[torch.Tensor]) -> torch.Tensor:
+        codes = self.semantic_residual_vector_quantizer.encode(embeddings_bct, semantic_vectors, semantic_sides)
+        if len(acoustic_vectors) > 0:
+            acoustic = self.acoustic_residual_vector_quantizer.encode(embeddings_bct, acoustic_vectors, acoustic_sides)
             codes = torch.cat([codes, acoustic], dim=0)
         return codes
 
@@ -246,21 +266,24 @@ class CodecEncoder(nn.Module):
                                       bias=False, pad_mode="replicate") if enc.has_downsample else None)
         self.quantizer = MimiSplitResidualVectorQuantizer(enc)
 
-    def forward(self, wav_bl: torch.Tensor) -> torch.Tensor:
-        """(B, samples) 24 kHz -> (B, frames, encoder_valid_num_quantizers) codes; frames may run one past the
-        audio (the last frame of padding), see encode()."""
+    def forward(self, wav_bl: torch.Tensor, semantic_vectors: list[torch.Tensor], semantic_sides: list[torch.Tensor],
+                acoustic_vectors: list[torch.Tensor], acoustic_sides: list[torch.Tensor]) -> torch.Tensor:
+        """(B, samples) 24 kHz -> (B, frames, codebooks) codes, given the codebooks (quantizer.codebooks, kept
+        outside so that this compiles to TorchScript); frames may run one past the audio (the last frame of
+        padding), see encode()."""
         h = self.encoder(wav_bl.unsqueeze(1))
         h = self.encoder_transformer(h.transpose(1, 2)).transpose(1, 2)
         if self.downsample is not None:
             h = self.downsample(h)
-        codes_qbt = self.quantizer.encode(h, self.config.encoder_valid_num_quantizers)
+        codes_qbt = self.quantizer.encode(h, semantic_vectors, semantic_sides, acoustic_vectors, acoustic_sides)
         return codes_qbt.permute(1, 2, 0)
 
     @torch.inference_mode()
-    def encode(self, audios: list[np.ndarray], sample_rate: int) -> list[torch.Tensor]:
+    def encode(self, audios: list[np.ndarray], sample_rate: int, net: nn.Module | None = None) -> list[torch.Tensor]:
         """Mono audio clips at sample_rate -> one (ceil(samples_24k / 1920), 16) int64 code tensor each.
         Clips are right-padded with zeros to a batch, as the official batched encode does; the encoder is causal,
-        so only a clip's last frame, when partly padding, can differ from encoding the clip alone."""
+        so only a clip's last frame, when partly padding, can differ from encoding the clip alone. `net` runs
+        forward in this module's place: its TorchScript (serving.engine.prompts), on the server's voice thread."""
         if not audios:
             return []
         target = self.config.input_sample_rate
@@ -274,7 +297,8 @@ class CodecEncoder(nn.Module):
         batch = torch.zeros(len(clips), max(c.shape[0] for c in clips), dtype=param.dtype, device=param.device)
         for i, clip in enumerate(clips):
             batch[i, : clip.shape[0]] = torch.from_numpy(clip)
-        codes_btq = self.forward(batch)
+        books = self.quantizer.codebooks(self.config.encoder_valid_num_quantizers)
+        codes_btq = (self if net is None else net)(batch, *books)
         hop = self.config.encode_downsample_rate
         return [codes_btq[i, : -(-clip.shape[0] // hop)].cpu() for i, clip in enumerate(clips)]
 

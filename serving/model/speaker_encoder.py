@@ -77,7 +77,9 @@ class TimeDelayNetBlock(nn.Module):
         # The bias is added outside the convolution: without cuDNN (as voices are encoded, serving/engine/prompts.py)
         # a dilated convolution with a bias fills its output one channel at a time, 64 kernels apiece, 1,344 of
         # the network's 1,556 launches on an H100 (benchmarks/voice_encode_bench.py --profile).
-        return F.relu(self.conv._conv_forward(x, self.conv.weight, None) + self.conv.bias.unsqueeze(-1))
+        bias = self.conv.bias
+        assert bias is not None
+        return F.relu(self.conv._conv_forward(x, self.conv.weight, None) + bias.unsqueeze(-1))
 
 
 class Res2NetBlock(nn.Module):
@@ -90,14 +92,11 @@ class Res2NetBlock(nn.Module):
             TimeDelayNetBlock(channels // scale, channels // scale, kernel_size, dilation) for _ in range(scale - 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        outputs = []
-        for i, part in enumerate(torch.chunk(x, self.scale, dim=1)):
-            if i == 0:
-                out = part
-            elif i == 1:
-                out = self.blocks[0](part)
-            else:
-                out = self.blocks[i - 1](part + out)
+        parts = torch.chunk(x, self.scale, dim=1)
+        out = parts[0]
+        outputs = [out]
+        for i, block in enumerate(self.blocks):
+            out = block(parts[i + 1] if i == 0 else parts[i + 1] + out)
             outputs.append(out)
         return torch.cat(outputs, dim=1)
 
@@ -126,6 +125,12 @@ class SqueezeExcitationRes2NetBlock(nn.Module):
         return self.se_block(self.tdnn2(self.res2net_block(self.tdnn1(x)))) + x
 
 
+def _weighted_statistics(x_bct: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    mean_bc = (weights * x_bct).sum(2)
+    std_bc = torch.sqrt((weights * (x_bct - mean_bc.unsqueeze(2)).pow(2)).sum(2).clamp(1e-12))
+    return mean_bc, std_bc
+
+
 class AttentiveStatisticsPooling(nn.Module):
     """Attention over time from each frame plus the utterance's global mean and std; returns weighted mean ++ std."""
 
@@ -134,19 +139,13 @@ class AttentiveStatisticsPooling(nn.Module):
         self.tdnn = TimeDelayNetBlock(channels * 3, attention_channels, 1, 1)
         self.conv = nn.Conv1d(attention_channels, channels, 1, padding="same", padding_mode="reflect")
 
-    @staticmethod
-    def _statistics(x_bct: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean_bc = (weights * x_bct).sum(2)
-        std_bc = torch.sqrt((weights * (x_bct - mean_bc.unsqueeze(2)).pow(2)).sum(2).clamp(1e-12))
-        return mean_bc, std_bc
-
     def forward(self, x_bct: torch.Tensor) -> torch.Tensor:
         t = x_bct.shape[-1]
         uniform = torch.full((x_bct.shape[0], 1, t), 1.0 / t, dtype=x_bct.dtype, device=x_bct.device)
-        mean_bc, std_bc = self._statistics(x_bct, uniform)
+        mean_bc, std_bc = _weighted_statistics(x_bct, uniform)
         context = torch.cat([x_bct, mean_bc.unsqueeze(2).expand(-1, -1, t), std_bc.unsqueeze(2).expand(-1, -1, t)], 1)
         attention = F.softmax(self.conv(torch.tanh(self.tdnn(context))), dim=2)
-        mean_bc, std_bc = self._statistics(x_bct, attention)
+        mean_bc, std_bc = _weighted_statistics(x_bct, attention)
         return torch.cat((mean_bc, std_bc), dim=1).unsqueeze(2)
 
 
@@ -175,12 +174,14 @@ class SpeakerEncoder(nn.Module):
         return self.fc(self.asp(h)).squeeze(-1)
 
     @torch.inference_mode()
-    def embed(self, audio: np.ndarray, sample_rate: int) -> torch.Tensor:
-        """Mono audio at any rate -> (enc_dim,) x-vector, as the official create_voice_clone_prompt computes it."""
+    def embed(self, audio: np.ndarray, sample_rate: int, net: nn.Module | None = None) -> torch.Tensor:
+        """Mono audio at any rate -> (enc_dim,) x-vector, as the official create_voice_clone_prompt computes it.
+        `net` runs forward in this module's place: its TorchScript (serving.engine.prompts), on the server's voice
+        thread."""
         wav = resample(audio, sample_rate, self.config.sample_rate)
         param = next(self.parameters())
         mels = mel_frontend.log_mel_spectrogram(torch.from_numpy(wav).unsqueeze(0).to(param.device))
-        return self(mels.to(param.dtype))[0]
+        return (self if net is None else net)(mels.to(param.dtype))[0]
 
 
 def build_speaker_encoder(raw_config: dict) -> SpeakerEncoder:
