@@ -137,8 +137,8 @@ def _script(module: nn.Module) -> torch.jit.ScriptModule:
     takes the interpreter back after its launch, beside the talker's, codec's and loops' threads: on an H100 a new
     voice took ~40-50 ms under load against ~19 alone, ~20 voices a second (docs/performance.md). TorchScript runs
     the whole network with the interpreter let go, the same operators, and the same parameters (shared, not
-    copied). On the development VM, a tiny speaker encoder beside two threads of small torch operators: 4.4-6.4 ms
-    a call in Python, 1.7 in TorchScript. torch.jit.script warns that it is deprecated (PyTorch 2.13); it still
+    copied). On the development VM, a tiny speaker encoder beside two threads of small torch operators: 7.7-9.6 ms
+    a call in Python, 1.0-1.6 in TorchScript (docs/performance.md). torch.jit.script warns that it is deprecated (PyTorch 2.13); it still
     ships and is what releases the interpreter for a whole call without a compile step per length."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.* is deprecated")
