@@ -163,12 +163,6 @@ class EuclideanCodebook(nn.Module):
         self.register_buffer("embed_sum", torch.zeros(codebook_size, dim))
         self._kept: tuple[tuple, torch.Tensor, torch.Tensor] | None = None  # (stamp, vectors, their cdist side)
 
-    def vectors(self) -> torch.Tensor:
-        return self._codebook()[0]
-
-    def side(self) -> torch.Tensor:
-        return self._codebook()[1]
-
     def _codebook(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(vectors (K, D), their side of torch.cdist's matrix product (K, D + 2)), computed once for the buffers
         as they are: a voice's encoding runs 16 codebooks, and recomputing both made ~7 of each one's ~18 kernel
@@ -181,9 +175,6 @@ class EuclideanCodebook(nn.Module):
             norm = side.pow(2).sum(-1, keepdim=True)
             self._kept = (stamp, vectors, torch.cat([side, torch.ones_like(norm), norm], -1))
         return self._kept[1], self._kept[2]
-
-    def nearest(self, x_nd: torch.Tensor) -> torch.Tensor:
-        return nearest_codes(x_nd, self.side())
 
 
 def nearest_codes(x_nd: torch.Tensor, side_kd: torch.Tensor) -> torch.Tensor:
