@@ -43,7 +43,7 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from serving.engine.prompts import _script
+from serving.engine.prompts import as_torchscript
 from serving.model import mel as mel_frontend
 from serving.model.checkpoint import model_config_dict
 from serving.model.codec_config import released_codec_config, tiny_codec_config
@@ -78,8 +78,8 @@ def timed(fn, device: torch.device) -> tuple[object, float]:
 
 
 def scripted(speaker, codec, eager: bool) -> tuple:
-    """(speaker net, codec net) as the server runs them (TorchScript), or (None, None): the modules themselves."""
-    return (None, None) if eager else (_script(speaker), _script(codec))
+    """(speaker net, codec net) as the server runs them (TorchScript), or with --eager the modules themselves."""
+    return (speaker, codec) if eager else (as_torchscript(speaker), as_torchscript(codec))
 
 
 def encode_parts(speaker, codec, nets: tuple, audio: np.ndarray, device: torch.device) -> dict[str, float]:
@@ -87,7 +87,7 @@ def encode_parts(speaker, codec, nets: tuple, audio: np.ndarray, device: torch.d
     wav, resample_ms = timed(lambda: resample(audio, SAMPLE_RATE, speaker.config.sample_rate), device)
     mels, mel_ms = timed(lambda: mel_frontend.log_mel_spectrogram(torch.from_numpy(wav).unsqueeze(0).to(device)),
                          device)
-    _, net_ms = timed(lambda: (speaker if nets[0] is None else nets[0])(mels), device)
+    _, net_ms = timed(lambda: nets[0](mels), device)
     _, codec_ms = timed(lambda: codec.encode([audio], SAMPLE_RATE, net=nets[1]), device)
     return {"resample": resample_ms, "mel": mel_ms, "speaker_net": net_ms, "codec": codec_ms,
             "total": resample_ms + mel_ms + net_ms + codec_ms}
@@ -164,7 +164,7 @@ def parallel_rate(kind: str, workers: int, clips: list[np.ndarray], speaker, cod
     `clips`, the pool started and warmed before the clock starts."""
     if kind == "processes":
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start,
-                                   initargs=(size, str(device), clips[0], nets[0] is None))
+                                   initargs=(size, str(device), clips[0], nets[0] is speaker))
         for f in [pool.submit(_encode_in_worker, clips[0]) for _ in range(workers)]:  # every process started
             f.result()
 
@@ -236,7 +236,7 @@ def main() -> None:
             audio = resample(to_mono(sf.read(clips[0], dtype="float32")[0]), sf.info(clips[0]).samplerate, SAMPLE_RATE)
             wav = resample(audio, SAMPLE_RATE, speaker.config.sample_rate)
             mels = mel_frontend.log_mel_spectrogram(torch.from_numpy(wav).unsqueeze(0).to(device))
-            profiles = {"speaker_net": kernel_profile(lambda: (speaker if nets[0] is None else nets[0])(mels), device),
+            profiles = {"speaker_net": kernel_profile(lambda: nets[0](mels), device),
                         "codec": kernel_profile(lambda: codec.encode([audio], SAMPLE_RATE, net=nets[1]), device)}
             for name, p in profiles.items():
                 print(f"profile {name} ({clips[0].name}, a repeat): {p['kernels']} kernels, {p['kernel_ms']} ms of "

@@ -41,12 +41,13 @@ def test_calls_posted_while_the_loop_is_busy_run_in_order_after_one_wake():
 
 
 def test_one_mailbox_a_loop():
-    loop = asyncio.new_event_loop()
+    loop, other = asyncio.new_event_loop(), asyncio.new_event_loop()
     try:
         assert Mailbox.of(loop) is Mailbox.of(loop)
-        assert Mailbox.of(loop) is not Mailbox.of(asyncio.new_event_loop())
+        assert Mailbox.of(loop) is not Mailbox.of(other)
     finally:
         loop.close()
+        other.close()
 
 
 def test_a_call_that_raises_does_not_drop_the_calls_after_it(caplog):

@@ -107,9 +107,9 @@ def test_launches_do_not_grow_with_channels(encoder):
 
 
 def test_torchscript_of_the_released_sizes_gives_the_same_x_vector_and_codes():
-    """The server scripts both reference encoders (serving.engine.prompts._script); at the released sizes, on real
+    """The server scripts both reference encoders (serving.engine.prompts.as_torchscript); at the released sizes, on real
     speech, the scripted networks agree with the modules to the bit."""
-    from serving.engine.prompts import _script
+    from serving.engine.prompts import as_torchscript
     from serving.model.checkpoint import model_config_dict
     from serving.model.codec_config import released_codec_config
     from serving.model.speech_tokenizer import SpeechTokenizer
@@ -122,5 +122,5 @@ def test_torchscript_of_the_released_sizes_gives_the_same_x_vector_and_codes():
     speaker, codec = speaker.eval(), codec.encoder.float().eval()
     audio, sr = read_audio(str(VOICES / "fr_female.wav"))
     with torch.jit.optimized_execution(False):
-        assert torch.equal(speaker.embed(audio, sr, net=_script(speaker)), speaker.embed(audio, sr))
-        assert torch.equal(codec.encode([audio], sr, net=_script(codec))[0], codec.encode([audio], sr)[0])
+        assert torch.equal(speaker.embed(audio, sr, net=as_torchscript(speaker)), speaker.embed(audio, sr))
+        assert torch.equal(codec.encode([audio], sr, net=as_torchscript(codec))[0], codec.encode([audio], sr)[0])

@@ -38,7 +38,7 @@ class PromptBuilder:
         self.num_groups = model_cfg.talker.num_code_groups
         self._speaker_net = self._codec_net = None
         if model.speaker_encoder is not None and codec_encoder is not None:
-            self._speaker_net, self._codec_net = _script(model.speaker_encoder), _script(codec_encoder)
+            self._speaker_net, self._codec_net = as_torchscript(model.speaker_encoder), as_torchscript(codec_encoder)
 
     def tts_pad_embed(self) -> torch.Tensor:
         with torch.inference_mode():
@@ -125,14 +125,14 @@ class PromptBuilder:
         # On an H100 a new length took 29 + 60 ms (speaker + codec encoder) through cuDNN, 24 + 17 ms without
         # (repeats: 7 + 15 against 22 + 15; docs/performance.md). A voice is encoded once, so first calls are what
         # count. The flag is process-wide: the codec thread's eager calls (priming) meanwhile also skip cuDNN.
-        # The networks run as TorchScript (_script), unoptimised: the same operators, no fusions compiled per length.
+        # The networks run as TorchScript (as_torchscript), unoptimised: the same operators, no fusions compiled per length.
         with torch.backends.cudnn.flags(enabled=False), torch.jit.optimized_execution(False):
             embedding = self.model.speaker_encoder.embed(audio, SAMPLE_RATE, net=self._speaker_net).float().cpu()
             codes = self.codec_encoder.encode([audio], SAMPLE_RATE, net=self._codec_net)[0].cpu()
         return embedding, codes
 
 
-def _script(module: nn.Module) -> torch.jit.ScriptModule:
+def as_torchscript(module: nn.Module) -> torch.jit.ScriptModule:
     """A reference encoder as TorchScript, for the voice thread. In Python each of an encoding's ~700 operators
     takes the interpreter back after its launch, beside the talker's, codec's and loops' threads: on an H100 a new
     voice took ~40-50 ms under load against ~19 alone, ~20 voices a second (docs/performance.md). TorchScript runs
