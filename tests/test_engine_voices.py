@@ -14,6 +14,7 @@ import pytest
 import soundfile as sf
 import torch
 
+from serving.engine.prompts import WITHOUT_CUDNN
 from tests.server_fixtures import ServerThread, post_json, wait_until
 
 pytestmark = pytest.mark.slow
@@ -138,6 +139,52 @@ def test_an_encoding_error_fails_its_request_alone(base, encoder):
     prompts.encode_reference = real
     assert clone(base, ref_audio=clip_uri(0.6), ref_text="Hello.")[0] == 200  # not cached as broken
     assert clone(base, speaker_embedding=[0.1] * 64)[0] == 200
+
+
+def test_new_voices_are_encoded_side_by_side(base, encoder):
+    """Two clones bring two new voices at once: their encodings run at the same time on two voice threads (each one
+    waits here until the other has begun, which one thread could not do: its first would fail after 20 s), and both
+    are served as they are once their voices are cached."""
+    prompts, real = encoder
+    both = threading.Barrier(2, timeout=20)
+
+    def side_by_side(audio):
+        both.wait()
+        return real(audio)
+
+    prompts.encode_reference = side_by_side
+    voices_before = base.metrics().get(VOICES_ENCODED, 0.0)
+    uris = [clip_uri(0.31), clip_uri(0.32)]
+    results: dict = {}
+    threads = [threading.Thread(target=lambda u=u: results.update({u: clone(base, ref_audio=u, ref_text="Hello.")}))
+               for u in uris]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [results[u][0] for u in uris] == [200, 200]
+    assert base.metrics()[VOICES_ENCODED] == voices_before + 2
+    prompts.encode_reference = real
+    for u in uris:  # cached now: no encoding, the same audio
+        assert clone(base, ref_audio=u, ref_text="Hello.")[2] == results[u][2]
+    assert base.metrics()[VOICES_ENCODED] == voices_before + 2
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_cudnn_stays_off_until_the_last_overlapping_encoding_ends(enabled):
+    """Two encodings overlap (the first ends while the second runs): cuDNN stays off for the second, and the last
+    one out leaves the flag as it was before either began."""
+    found = torch.backends.cudnn.enabled
+    torch.backends.cudnn.enabled = enabled
+    try:
+        WITHOUT_CUDNN.__enter__()  # the first encoding
+        WITHOUT_CUDNN.__enter__()  # the second, begun on another voice thread
+        WITHOUT_CUDNN.__exit__(None, None, None)  # the first ends
+        assert torch.backends.cudnn.enabled is False
+        WITHOUT_CUDNN.__exit__(None, None, None)
+        assert torch.backends.cudnn.enabled is enabled
+    finally:
+        torch.backends.cudnn.enabled = found
 
 
 def test_a_fresh_clone_run_brings_the_server_a_new_voice_per_request(base, tmp_path):

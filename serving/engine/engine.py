@@ -38,6 +38,10 @@ from serving.model.config import SAMPLE_RATE, GenerationDefaults
 log = logging.getLogger("serving.engine")
 
 RECENT_FRAMES_S = 5.0  # the window of stats()' frames_per_second
+# Threads that encode new reference voices side by side, sharing the TorchScript encoders (each call lets go of the
+# interpreter for the whole network). On an H100 beside two busy launching threads, 1 / 2 threads encoded 40.3 / 75.5
+# new voices a second (eager Python: 21.4 / 36.9; spawned processes no better; docs/performance.md, session 40).
+VOICE_THREADS = 2
 
 # A request's milestones in the order it meets them, each the monotonic time it first happened (--request-log).
 TIMELINE = {
@@ -63,7 +67,7 @@ TIMELINE = {
 PHASES = {
     "accept": "(server) the request's handler starts -> submitted: body, parsing, reference audio (per request)",
     "voice": "a voice clone's reference new to the server: submitted -> encoded (speaker and codec encoders, on "
-             "the voice thread beside the talker's steps; per new voice)",
+             "a voice thread beside the talker's steps; per new voice)",
     "queue": "request submitted -> admitted to a KV slot, its voice's encoding included (per request)",
     "prefill": "the prefill of the requests admitted together: graphs or batched passes (per admission); while a step "
                "is in flight, unless a burst, their prompts' build only (the prefill rides the next step: in "
@@ -238,7 +242,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._talker_pool = ThreadPoolExecutor(1, thread_name_prefix="talker")
         self._codec_pool = ThreadPoolExecutor(1, thread_name_prefix="codec")
-        self._voice_pool = ThreadPoolExecutor(1, thread_name_prefix="voices")  # new voices' encoders
+        self._voice_pool = ThreadPoolExecutor(VOICE_THREADS, thread_name_prefix="voices")  # new voices' encoders
         self._voice_tasks: set[asyncio.Task] = set()  # requests waiting on their voice
         self._voice_jobs: dict[str, asyncio.Future] = {}  # the voices being encoded, by voice key
         self._wake_talker = asyncio.Event()
@@ -392,7 +396,7 @@ class Engine:
         stream.to_reader(_settle, accepted, error)
 
     def _voice_job(self, request: GenerationRequest) -> asyncio.Future:
-        """The encoding of a request's new voice on the voice thread, one per voice: the requests of a voice that
+        """The encoding of a request's new voice on a voice thread, one per voice: the requests of a voice that
         is being encoded (a burst's, all sent with the same clip) wait for the same job."""
         key = request.voice_key
         job = self._voice_jobs.get(key) if key is not None else None

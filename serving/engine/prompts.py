@@ -7,6 +7,7 @@ is encoded once, not on every request.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import Callable
 
@@ -23,6 +24,34 @@ from serving.model.prompt import load_text_tokenizer
 MODEL_TASKS = {"CustomVoice": "custom_voice", "VoiceDesign": "voice_design", "Base": "voice_clone"}
 WARM_UP_TEXTS = ("A short warm-up line.", "A longer warm-up paragraph, as a served burst brings them: " * 6)
 WARM_UP_REFERENCE_FRAMES = 50  # a 4 s reference clip's codes
+
+
+class _CudnnOff:
+    """cuDNN off while any thread encodes a reference. The flag is process-wide and torch.backends.cudnn.flags
+    restores on exit what it found on entry, so two overlapping encodings (the engine runs several voice threads)
+    would leave it off for good, or turn it back on under the other: here the first one in turns it off and the
+    last one out restores it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._users = 0
+        self._found = True
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._users == 0:
+                self._found = torch.backends.cudnn.enabled
+                torch.backends.cudnn.enabled = False
+            self._users += 1
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                torch.backends.cudnn.enabled = self._found
+
+
+WITHOUT_CUDNN = _CudnnOff()
 
 
 class PromptBuilder:
@@ -125,21 +154,23 @@ class PromptBuilder:
         # On an H100 a new length took 29 + 60 ms (speaker + codec encoder) through cuDNN, 24 + 17 ms without
         # (repeats: 7 + 15 against 22 + 15; docs/performance.md). A voice is encoded once, so first calls are what
         # count. The flag is process-wide: the codec thread's eager calls (priming) meanwhile also skip cuDNN.
-        # The networks run as TorchScript (as_torchscript), unoptimised: the same operators, no fusions compiled per length.
-        with torch.backends.cudnn.flags(enabled=False), torch.jit.optimized_execution(False):
+        # The networks run as TorchScript (as_torchscript), unoptimised: the same operators, no fusions compiled per
+        # length. The graph executor's flag is per thread; cuDNN's is the process's (WITHOUT_CUDNN counts its users).
+        with WITHOUT_CUDNN, torch.jit.optimized_execution(False):
             embedding = self.model.speaker_encoder.embed(audio, SAMPLE_RATE, net=self._speaker_net).float().cpu()
             codes = self.codec_encoder.encode([audio], SAMPLE_RATE, net=self._codec_net)[0].cpu()
         return embedding, codes
 
 
 def as_torchscript(module: nn.Module) -> torch.jit.ScriptModule:
-    """A reference encoder as TorchScript, for the voice thread. In Python each of an encoding's ~700 operators
+    """A reference encoder as TorchScript, for the voice threads. In Python each of an encoding's ~700 operators
     takes the interpreter back after its launch, beside the talker's, codec's and loops' threads: on an H100 a new
     voice took ~40-50 ms under load against ~19 alone, ~20 voices a second (docs/performance.md). TorchScript runs
     the whole network with the interpreter let go, the same operators, and the same parameters (shared, not
-    copied). On the development VM, a tiny speaker encoder beside two threads of small torch operators: 7.7-9.6 ms
-    a call in Python, 1.0-1.6 in TorchScript (docs/performance.md). torch.jit.script warns that it is deprecated (PyTorch 2.13); it still
-    ships and is what releases the interpreter for a whole call without a compile step per length."""
+    copied). On an H100 beside two threads of small launches: 40.3 new voices a second against 21.4 in Python, and
+    two threads sharing the networks reach 75.5 (docs/performance.md). torch.jit.script warns that it is deprecated
+    (PyTorch 2.13); it still ships and is what releases the interpreter for a whole call without a compile step per
+    length."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.* is deprecated")
         return torch.jit.script(module)

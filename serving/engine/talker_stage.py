@@ -191,9 +191,10 @@ class TalkerRunner:
         self.pad_embed = self.prompts.tts_pad_embed().to(device=device, dtype=dtype)  # [H]
         self.lengths = [0] * s  # host mirror of self.pos: how far each slot's keys reach, without a sync
         self._voice_cache = LRU(voice_cache_size)
-        self._voice_lock = threading.Lock()  # the engine's voice thread fills the cache the talker's thread reads
-        # the voice thread's CUDA stream: a new voice's encoders run beside the talker's steps, not between them
-        self._voice_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._voice_lock = threading.Lock()  # the engine's voice threads fill the cache the talker's thread reads
+        # each voice thread's own CUDA stream (made on its first encoding): a new voice's encoders run beside the
+        # talker's steps, not between them, and one thread's copies to the host wait for its own kernels only
+        self._voice_streams = threading.local()
         self.warmup_s: dict[str, float] = {}  # seconds of warmup() by part, once it has run
 
     def set_up_prompt_rows(self) -> None:
@@ -417,16 +418,21 @@ class TalkerRunner:
 
     @torch.inference_mode()
     def encode_voice(self, request: GenerationRequest) -> tuple:
-        """A request's voice, (x-vector, reference codes) on the host, through the cache; called from the engine's
-        voice thread, whose CUDA stream runs the encoders while the talker's stream keeps stepping (on an H100 a
-        new voice took ~40 ms inside an admission's prefill, a pause for every running stream). Raises the
+        """A request's voice, (x-vector, reference codes) on the host, through the cache; called from one of the
+        engine's voice threads, whose own CUDA stream runs the encoders while the talker's stream keeps stepping (on
+        an H100 a new voice took ~40 ms inside an admission's prefill, a pause for every running stream). Raises the
         ValueError that makes the request unservable."""
         with self._on_voice_stream():
             return self._voice_cache_lookup(request.voice_key,
                                             lambda: self.prompts.encode_reference(request.ref_audio))
 
     def _on_voice_stream(self):
-        return torch.cuda.stream(self._voice_stream) if self._voice_stream is not None else contextlib.nullcontext()
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        stream = getattr(self._voice_streams, "stream", None)
+        if stream is None:
+            stream = self._voice_streams.stream = torch.cuda.Stream(self.device)
+        return torch.cuda.stream(stream)
 
     def _voice_cache_lookup(self, key: str | None, compute):
         """Speaker embedding and reference codes of uploaded voices are computed once per voice."""
