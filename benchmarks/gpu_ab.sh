@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu_ab.sh run [stages]      # on the GPU, carrying .ab: gpu_bench.sh [stages] for each variant
 #
 # Knobs (environment): VARIANTS (order of the runs; default "new base"; e.g. "new base new base" alternates),
-# OUT (default /tmp/gpu_ab), and every gpu_bench.sh knob (LEVELS, TASKS, SETS, SIZE, SERVE_ARGS, DECODE_ARGS, ...).
+# OUT (default /tmp/gpu_ab), and every gpu_bench.sh knob (LEVELS, TASKS, SETS, SIZE, SERVE_ARGS, DECODE_ARGS,
+# COMPILE_CACHE, ...).
 # Results: $OUT/<variant>[-<i>]/ as gpu_bench.sh leaves them (table.md, raw.tgz), $OUT/<variant>[-<i>].log its
 # output; .ab/rev names the base revision. The variants share gpu_bench.sh's work folder, so the random checkpoints
 # the first one writes serve both; a base from before `--text-vocab` (378e361) names its checkpoints without the
@@ -33,6 +34,7 @@ run)
     echo "no .ab/base.tgz: run 'bash benchmarks/gpu_ab.sh pack REV' first, then carry .ab"; exit 2
   fi
   OUT=${OUT:-/tmp/gpu_ab}; mkdir -p "$OUT"
+  source benchmarks/compile_cache.sh  # both trees compile into one cache folder, seeded from COMPILE_CACHE
   base=/tmp/gpu_ab_base; rm -rf "$base"; mkdir -p "$base"
   tar -xzf .ab/base.tgz -C "$base"
   [ -d .peer-bench ] && cp -r .peer-bench "$base/"

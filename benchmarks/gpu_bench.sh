@@ -19,6 +19,8 @@
 #   peers   the official qwen-tts and faster-qwen3-tts on the same GPU, batch 1 (.peer-bench/run_device.sh:
 #           a local copy of the shared peer-bench recipe with its wheels, git-ignored, never committed)
 #   table   benchmarks/gpu_table.py: one table of everything above
+#   cache   benchmarks/compile_cache.sh pack: the compile caches the stages before filled, as
+#           $OUT/compile-cache.tar.xz, for COMPILE_CACHE in a later session (not in raw.tgz)
 #
 # Knobs (environment): OUT (results; default /tmp/gpu_bench), SIZE (0.6B | 1.7B), LEVELS (1,8,32,64,128),
 # TASKS (custom clone), SETS (short long), PER_STREAM (requests per stream of a level, 4; a level of 128 streams of
@@ -34,7 +36,8 @@
 # through each serve level, threads and idle ones included, stopped when the level ends; needs a py-spy wheel in
 # WHEELS: `pip download py-spy --no-deps --only-binary=:all: --platform manylinux2014_x86_64`; the raw profile
 # goes in the level's run directory as pyspy.txt and benchmarks/pyspy_summary.py prints where each thread's time
-# went).
+# went), COMPILE_CACHE (a compile-cache.tar.xz of an earlier run: seeds Triton's and Inductor's caches on a fresh
+# machine, whose first server otherwise compiles for ~190 s; benchmarks/compile_cache.sh).
 # Results: $OUT/table.md, $OUT/decode.log, and $OUT/raw.tgz (env, decode.json, kernel profiles, server logs and /health,
 # runs.tgz: the run directories without audio, peer JSON).
 set -u
@@ -48,6 +51,7 @@ PER_STREAM=${PER_STREAM:-4}
 SETS=${SETS:-short long}
 STAGES=${*:-env decode codec serve peers table}
 WORK=/tmp/gpu_bench_work; mkdir -p "$WORK"
+source benchmarks/compile_cache.sh  # Triton and Inductor compile into $WORK/cache
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 T0=$(date +%s)
 say() { echo "=== $* ($(( $(date +%s) - T0 ))s)"; }
@@ -213,10 +217,15 @@ EOF
     say table
     python3 benchmarks/gpu_table.py "$OUT" "$WORK/runs" | tee "$OUT/table.md"
     ;;
+  cache)
+    say cache
+    bash benchmarks/compile_cache.sh pack "$OUT/compile-cache.tar.xz"
+    ;;
   *) echo "unknown stage $stage";;
   esac
 done
 # what comes back from a lent GPU is a few files: everything raw in one archive, the table beside it
-(cd "$OUT" && tar -czf raw.tgz --exclude raw.tgz --exclude table.md --exclude decode.log * && \
-  find . -maxdepth 1 -type f ! -name raw.tgz ! -name table.md ! -name decode.log -delete)
+(cd "$OUT" && tar -czf raw.tgz --exclude raw.tgz --exclude table.md --exclude decode.log \
+  --exclude compile-cache.tar.xz * && find . -maxdepth 1 -type f ! -name raw.tgz ! -name table.md \
+  ! -name decode.log ! -name compile-cache.tar.xz -delete)
 say done

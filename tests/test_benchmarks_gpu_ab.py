@@ -1,6 +1,6 @@
 """benchmarks/gpu_ab.sh, in a scratch git repository whose gpu_bench.sh only says which tree ran it and with
-what: `pack` archives a revision's tree, `run` gives every variant in order the same stages and knobs, each in
-its own result folder, and refuses to run without a packed base."""
+what: `pack` archives a revision's tree, `run` gives every variant in order the same stages, knobs and compile
+caches, each in its own result folder, and refuses to run without a packed base."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 FAKE_BENCH = """#!/bin/bash
 mkdir -p "$OUT"
-echo "=== {tree} stages=$* levels=$LEVELS" | tee "$OUT/table.md"
+echo "=== {tree} stages=$* levels=$LEVELS triton=$TRITON_CACHE_DIR" | tee "$OUT/table.md"
 """
 
 
@@ -23,7 +23,8 @@ def _repo(tmp_path: Path) -> tuple[Path, str]:
     """A repository whose first commit's gpu_bench.sh says 'base' and whose working tree's says 'new'."""
     repo = tmp_path / "repo"
     (repo / "benchmarks").mkdir(parents=True)
-    shutil.copy(REPO / "benchmarks" / "gpu_ab.sh", repo / "benchmarks" / "gpu_ab.sh")
+    for script in ("gpu_ab.sh", "compile_cache.sh"):
+        shutil.copy(REPO / "benchmarks" / script, repo / "benchmarks" / script)
     bench = repo / "benchmarks" / "gpu_bench.sh"
     bench.write_text(FAKE_BENCH.format(tree="base"))
     (repo / "docs").mkdir()
@@ -51,11 +52,13 @@ def test_each_variant_runs_its_own_tree_with_the_same_stages_and_knobs(tmp_path)
     assert (repo / ".ab" / "rev").read_text().strip() == rev
     names = subprocess.run(["tar", "-tzf", str(repo / ".ab" / "base.tgz")], capture_output=True, text=True).stdout
     assert "benchmarks/gpu_bench.sh" in names and "docs/" not in names
-    ran = _ab(repo, "run", "serve", "table", OUT=str(out), VARIANTS="new base new", LEVELS="1,32")
+    cache = tmp_path / "cache"
+    ran = _ab(repo, "run", "serve", "table", OUT=str(out), VARIANTS="new base new", LEVELS="1,32",
+              COMPILE_CACHE_DIR=str(cache))
     assert ran.returncode == 0, ran.stderr
     said = [line for line in ran.stdout.splitlines() if line.startswith("===")]
-    assert said == ["=== new stages=serve table levels=1,32", "=== base stages=serve table levels=1,32",
-                    "=== new stages=serve table levels=1,32"]
+    knobs = f"stages=serve table levels=1,32 triton={cache}/triton"  # both trees compile into one cache
+    assert said == [f"=== new {knobs}", f"=== base {knobs}", f"=== new {knobs}"]
     for name, tree in (("new", "new"), ("base", "base"), ("new-2", "new")):
         assert (out / name / "table.md").read_text().startswith(f"=== {tree} ")
         assert (out / f"{name}.log").exists()
