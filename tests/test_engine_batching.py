@@ -602,3 +602,31 @@ def test_a_busy_reader_is_woken_once_for_the_chunks_that_came_meanwhile():
     wakes, chunks = asyncio.run(main())
     assert [[len(c) // 1920 for c in cs] for cs in chunks] == [[2, 4, 2]] * 4  # first chunk 2 frames, then 4
     assert wakes == 1, wakes  # one a chunk and an end each: 16
+
+
+def test_the_runner_draws_the_codes_of_the_models_generate(stages):
+    """Greedy, three requests decoding side by side draw the codes that Qwen3TTS.generate (the model-level path the
+    official-parity tests hold to qwen-tts) draws for each alone, up to its end of speech: the engine's batched,
+    slotted step is the same computation, in whatever order it runs its parts. Two stream their text in (a token
+    a frame after the first), one ending within the frames and one not, so the frames' text inputs are checked
+    too (until session 40 the engine fed token k with frame k, one early, the first never)."""
+    from serving.engine.checkpoint import resolve_model
+    from serving.model.tts import Qwen3TTS
+
+    runner = stages[0]
+    tts = Qwen3TTS.load(str(resolve_model("tiny-random")), dtype="float32")
+    jobs = [("Hello there, how are you?", "vivian", "english", True), ("Hi.", "ryan", "auto", False),
+            ("A longer sentence, with more words than frames.", "dylan", "english", False)]
+    frames = 16
+    reqs = [GenerationRequest(task="CustomVoice", text=text, speaker=speaker, language=language, max_new_tokens=frames,
+                              non_streaming_mode=whole, sampling=SamplingParams(seed=9, do_sample=False,
+                                                                                subtalker_do_sample=False))
+            for text, speaker, language, whole in jobs]
+    got = run_frames(runner, [(0, reqs[0]), (2, reqs[1]), (3, reqs[2])], frames)
+    streamed = [runner.prompts.build_many([r], lambda key, compute: compute())[0][0].trailing.shape[0] for r in reqs]
+    assert streamed[0] == 0 and 0 < streamed[1] < frames - 1 < streamed[2]  # text ending within the frames, and not
+    for slot, (text, speaker, language, whole) in zip((0, 2, 3), jobs):
+        want = tts.generate(text, speaker=speaker, language=language, max_new_tokens=frames + 1, do_sample=False,
+                            subtalker_dosample=False, non_streaming_text=whole).codes.numpy()
+        assert len(want) >= 4, "degenerate test: the model ended its speech at once"
+        np.testing.assert_array_equal(got[slot][:len(want)], want)

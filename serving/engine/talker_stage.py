@@ -656,11 +656,13 @@ class TalkerRunner:
 
     def _next_input(self, codes: torch.Tensor, b: int) -> torch.Tensor:
         """The talker's next input [b, 1, H]: the frame's summed embeddings plus each row's next trailing text
-        token, else tts_pad (`generated` already counts this frame)."""
-        frames = self.generated[:b]
-        text_idx = frames.clamp(max=self.trailing.shape[1] - 1)
+        token, else tts_pad. Frame k (`generated` already counts it) goes in with trailing token k - 1: the
+        first frame comes from the prompt alone, and the text streams in from the second, as the official
+        generate feeds it (Qwen3TTS.iter_frames)."""
+        last = self.generated[:b] - 1
+        text_idx = last.clamp(min=0, max=self.trailing.shape[1] - 1)
         rows = torch.arange(b, device=self.device)
-        text = torch.where((frames < self.trailing_len[:b])[:, None], self.trailing[rows, text_idx],
+        text = torch.where((last < self.trailing_len[:b])[:, None], self.trailing[rows, text_idx],
                            self.pad_embed[None, :])
         return (self.talker.embed_frame(codes) + text)[:, None]
 
