@@ -630,3 +630,31 @@ def test_the_runner_draws_the_codes_of_the_models_generate(stages):
                             subtalker_dosample=False, non_streaming_text=whole).codes.numpy()
         assert len(want) >= 4, "degenerate test: the model ended its speech at once"
         np.testing.assert_array_equal(got[slot][:len(want)], want)
+
+
+def test_the_runner_clones_a_voice_as_the_models_generate_does():
+    """Voice clone (text streamed in, the Base default), greedy: in-context from a reference clip and its transcript,
+    and from the clip's x-vector alone, side by side in the engine's runner, draw the codes Qwen3TTS.generate draws
+    for each from the same clip (the runner encodes it with its own encoders, as the server does)."""
+    from serving.engine.checkpoint import resolve_model
+    from serving.model.tts import Qwen3TTS
+
+    path = resolve_model("tiny-random-clone")
+    runner, _codec, _info = load_stages(EngineConfig(model=str(path), **CONFIG))
+    tts = Qwen3TTS.load(str(path), dtype="float32")
+    t = np.arange(24000 * 2) / 24000
+    audio = (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+    greedy = SamplingParams(seed=4, do_sample=False, subtalker_do_sample=False)
+    frames, text = 12, "Clone this voice."
+    icl = GenerationRequest(task="Base", text=text, language="english", ref_audio=audio, ref_text="A test tone.",
+                            max_new_tokens=frames, sampling=greedy)
+    xvec = GenerationRequest(task="Base", text=text, language="english", ref_audio=audio, x_vector_only=True,
+                             max_new_tokens=frames, sampling=greedy)
+    got = run_frames(runner, [(0, icl), (1, xvec)], frames)
+    voices = {0: tts.create_voice_clone_prompt(audio, 24000, ref_text="A test tone."),
+              1: tts.create_voice_clone_prompt(audio, 24000, x_vector_only=True)}
+    for slot, voice in voices.items():
+        want = tts.generate(text, language="english", voice=voice, max_new_tokens=frames + 1, do_sample=False,
+                            subtalker_dosample=False).codes.numpy()
+        assert len(want) >= 4, "degenerate test: the model ended its speech at once"
+        np.testing.assert_array_equal(got[slot][:len(want)], want)
