@@ -24,6 +24,7 @@ import asyncio
 import json
 import platform
 import time
+from dataclasses import dataclass
 from unittest import mock
 
 import numpy as np
@@ -37,6 +38,15 @@ from serving.model.config import GenerationDefaults
 
 GROUPS = 16  # codes per frame
 SAMPLES_PER_FRAME = 1920  # 24 kHz / 12.5 Hz
+
+
+@dataclass
+class StubStep:
+    """A launched step (TalkerRunner's StepHandle): every staged request rides it and draws its first frame."""
+
+    bucket: int
+    ready_at: float  # when its codes are there
+    sat_out: tuple[int, ...] = ()
 
 
 class StubTalker:
@@ -71,18 +81,17 @@ class StubTalker:
     def move(self, moves: list) -> None:
         pass  # a move only queues copies on the talker's stream
 
-    def launch(self, bucket: int) -> tuple[int, float]:
+    def launch(self, bucket: int) -> StubStep:
         """As on a GPU, a step starts once the one before it is done (two may be outstanding)."""
         self.steps += 1
         self._ready_at = max(time.monotonic(), self._ready_at) + self.step_s
-        return bucket, self._ready_at
+        return StubStep(bucket, self._ready_at)
 
-    def collect(self, handle: tuple[int, float]) -> tuple[np.ndarray, np.ndarray]:
-        bucket, ready_at = handle
-        wait = ready_at - time.monotonic()
+    def collect(self, handle: StubStep) -> tuple[np.ndarray, np.ndarray]:
+        wait = handle.ready_at - time.monotonic()
         if wait > 0:
             time.sleep(wait)
-        return np.zeros((bucket, GROUPS), dtype=np.int64), np.zeros(bucket, dtype=bool)
+        return np.zeros((handle.bucket, GROUPS), dtype=np.int64), np.zeros(handle.bucket, dtype=bool)
 
 
 class StubCodec:

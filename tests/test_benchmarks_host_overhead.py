@@ -22,8 +22,8 @@ def test_every_request_gets_all_its_audio_through_the_stubbed_engine():
 
 def test_an_emulated_step_starts_when_the_one_before_it_is_done():
     talker = StubTalker(num_slots=2, step_s=10.0, frames=5)  # long steps: no clock reading can overtake them
-    (_, first), (_, second) = talker.launch(2), talker.launch(2)
-    assert second - first == pytest.approx(10.0)
+    first, second = talker.launch(2), talker.launch(2)
+    assert second.ready_at - first.ready_at == pytest.approx(10.0)
     row = asyncio.run(run_level(concurrency=2, requests=2, frames=20, step_ms=2, codec_ms=1))
     assert row["audio_s"] == 2 * 20 / 12.5 and 0 < row["of_ideal"] <= 1
 

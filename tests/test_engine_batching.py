@@ -63,33 +63,37 @@ def test_codes_of_a_request_are_the_same_alone_or_in_any_batch_and_slot(stages):
     assert ((alone[0] >= 0) & (alone[0] < 2048)).all()
 
 
-def staged_schedule(runner, stage: bool, frames: int = 6, join_at: int = 2) -> dict[int, np.ndarray]:
+def staged_schedule(runner, stage: bool, frames: int = 6, join_at: int = 2,
+                    prefill_at: int | None = None) -> dict[int, np.ndarray]:
     """A request decoding in slot 0 and one admitted into slot 2 after `join_at` of its frames: staged with the next
-    step, or (stage False) prefilled before the step after it, as prefill_many would (the schedule a staged
-    request's codes must match: it sits the step it rides out). Steps cover 4 slots throughout; returns each
-    request's codes."""
+    step, or (stage False) prefilled before step `prefill_at` (default: the step after), as prefill_many would (the
+    schedule a staged request's codes must match: the step it rides where that step carries its prompt, else the
+    step after, since it sits the step it rides out). Steps cover 4 slots throughout; returns each request's codes
+    from its first step on (a staged one's from the first step the launch does not say it sat out)."""
     first, second = requests()[0], requests()[1]
+    prefill_at = join_at + 1 if prefill_at is None else prefill_at
     runner.prefill_many([(0, first)])
     out = {0: [], 2: []}
     for frame in range(frames + 1):
         if frame == join_at and stage:
             results, staged = runner.stage([(2, second)])
             assert staged and not isinstance(results[0], Exception)
-        if frame == join_at + 1 and not stage:
+        if frame == prefill_at and not stage:
             runner.prefill_many([(2, second)])
-        codes, _ = runner.decode_step(4)
+        handle = runner.launch(4)
+        codes, _ = runner.collect(handle)
         out[0].append(codes[0])
-        if frame > join_at:
+        if (frame >= join_at and 2 not in handle.sat_out) if stage else frame >= prefill_at:
             out[2].append(codes[2])
     runner.release(0, 2)
     return {slot: np.stack(codes) for slot, codes in out.items()}
 
 
 def test_a_staged_request_sits_out_the_step_it_rides_and_then_has_its_own_codes(stages):
-    """An admission staged while a step is in flight (TalkerRunner.stage) is prefilled with the next launch (here
-    on the CPU, no wide layers: after the step, on its stream) and set up after it: the running request's codes
-    are unchanged, and the new one's are those of a prefill before the step after (its row in the step it
-    rides is an empty slot's)."""
+    """An admission staged while a step is in flight (TalkerRunner.stage) is prefilled with the next launch, here
+    where that step cannot carry its prompt (on the CPU, no wide layers: after the step, on its stream), and set
+    up after it: the running request's codes are unchanged, and the new one's are those of a prefill before the
+    step after (its row in the step it rides is an empty slot's: the launch says it sat out)."""
     runner = stages[0]
     assert not runner.takes_prompts(4)  # no wide talker layers on a CPU: the passes follow the step
     staged, prefilled = staged_schedule(runner, stage=True), staged_schedule(runner, stage=False)
@@ -268,7 +272,7 @@ def test_a_prompt_longer_than_the_slot_is_refused(stages):
 @pytest.mark.parametrize("burst", [False, True])
 def test_a_request_that_arrives_while_others_decode_is_staged_and_its_audio_is_its_own(burst, monkeypatch):
     """The engine stages a request admitted while a step is in flight beside a running one (its prefill rides the
-    next launch, which it sits out), or, a burst (STAGE_MAX_POSITIONS monkeypatched below its prompt), lets the
+    next launch, which on a CPU, without wide layers, it sits out), or, a burst (STAGE_MAX_POSITIONS monkeypatched below its prompt), lets the
     runner prefill it at once and run it in that step; both requests' audio equals their audio alone, and a
     request admitted into an idle engine is prefilled on its own (no step to ride)."""
     import serving.engine.talker_stage as talker_stage

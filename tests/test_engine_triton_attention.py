@@ -7,7 +7,8 @@ rows of their own (triton_layers.Prompts: a prompt of 66 positions, past one key
 among the step's rows, and padding rows past the longer one) they give each prompt's hidden states and keys as the
 modules' prefill of it, and the step's rows as before. A talker stage whose steps go through them draws the same
 codes as the stage without them, one graph per batch bucket serves them, and a request staged while a step is in
-flight (TalkerRunner.stage: its prompt rows ride that step) has the codes of a prefill before the step after.
+flight (TalkerRunner.stage: its prompt rows ride that step) has the codes of a prefill before that step: the step
+draws its first frame from its prompt's last hidden state.
 
 CI has no GPU, so the kernel runs in Triton's interpreter (TRITON_INTERPRET=1, CPU tensors), in a child process.
 The interpreter rounds float32 to bfloat16 by truncation (Triton 3.9), where a GPU and torch round to nearest: there
@@ -140,12 +141,13 @@ SCRIPT = textwrap.dedent("""
     from tests.test_engine_batching import staged_schedule
     runner.wide_talker, runner.wide_talker_rows = None, None
     runner.set_up_prompt_rows()
-    want = staged_schedule(runner, stage=False)
+    want = staged_schedule(runner, stage=False, prefill_at=2)  # carried: the request's first frame is the ride's
     runner.wide_talker = fused_stack(runner.talker.model, runner.device, force=True, wide=True)
     runner.wide_talker_rows = 3
     runner.set_up_prompt_rows()
     assert runner.takes_prompts(4) and runner.step_prompt_rows == (32, 64, 128)
     got = staged_schedule(runner, stage=True)
+    assert got[2].shape == (5, 16)
     for slot in want:
         np.testing.assert_array_equal(got[slot], want[slot])
     print("staged codes equal")

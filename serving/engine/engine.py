@@ -48,7 +48,7 @@ TIMELINE = {
     "submit": "the handler hands the request to the engine",
     "admitted": "it takes a KV slot; its prefill starts (with the others admitted at once)",
     "prefilled": "its prefill is done (admitted while a step is in flight and not in a burst: its prompt is built, the "
-                 "prefill rides the next step, which it sits out)",
+                 "prefill rides the next step, which draws its first frame where it carries the prompt)",
     "first_due": "the frames of its first chunk are all generated",
     "first_codec_start": "the codec call of its first chunk starts",
     "first_codec_end": "that call's waveforms are on the host",
@@ -475,8 +475,9 @@ class Engine:
         leaving it idle between frames. A request that ended at step N has run step N+1 too; those codes are
         dropped, since each step remembers which stream held each slot when it was launched. Requests admitted
         while a step is in flight beside running ones are staged (TalkerRunner.stage): their prefill rides step
-        N+1, which they sit out, and they join at step N+2; the running streams never wait for a prefill of its
-        own. A burst (a level's first wave) is prefilled at once instead, and joins step N+1."""
+        N+1, which draws their first frame (where it cannot carry their prompts, their passes follow it, they sit
+        it out and join at step N+2); the running streams never wait for a prefill of its own. A burst (a level's
+        first wave) is prefilled at once instead, and joins step N+1."""
         loop = asyncio.get_running_loop()
         sched = self.scheduler
         inflight = None  # (handle, rows, launched at) of the step whose codes are not read yet
@@ -488,7 +489,7 @@ class Engine:
                 await self._wake_talker.wait()
                 continue
             admitted = sched.admit()
-            staged = set()  # admitted streams whose prefill rides the next step, which they sit out
+            staged = set()  # admitted streams whose prefill rides the next step
             if admitted:
                 staged = await self._prefill(admitted, stage=inflight is not None and sched.num_running > len(admitted))
             self._drop_cancelled()
@@ -496,12 +497,12 @@ class Engine:
             if moves:
                 await self._move(moves)
             running = sched.running()
-            rows = [(slot, stream) for slot, stream in running if stream not in staged]
             launched = None
             if running:
                 t0 = time.monotonic()
                 try:
                     handle = await loop.run_in_executor(self._talker_pool, self.runner.launch, sched.bucket())
+                    rows = [(slot, stream) for slot, stream in running if slot not in handle.sat_out]
                     launched = (handle, rows, t0)
                 except Exception:
                     log.exception("decode step failed; failing the running requests")

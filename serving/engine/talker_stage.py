@@ -69,6 +69,7 @@ class StepHandle:
     codes: np.ndarray | None = None
     ended: np.ndarray | None = None
     buffer: _HostBuffer | None = None
+    sat_out: tuple[int, ...] = ()  # slots set up after the step (their prompts' passes followed it): not their rows
 
 
 def _triton_module(name: str, device: torch.device, force: bool = False):
@@ -131,7 +132,10 @@ class TalkerRunner:
         self.cp_positions = torch.arange(self.num_groups + 1, device=device)[:, None, None].repeat(1, num_slots, 1)
         s, h = num_slots, tc.hidden_size
         zeros = lambda *shape, dt=torch.float32: torch.zeros(shape, dtype=dt, device=device)  # noqa: E731
-        self.hidden = zeros(s, h, dt=dtype)  # post-norm talker hidden of each slot's last position
+        self.hidden = zeros(s, h, dt=dtype)  # post-norm talker hidden each slot's last frame was drawn from
+        self.next_x = zeros(s, 1, h, dt=dtype)  # each slot's next talker input: its last frame and next text
+        self.fresh = zeros(s, dt=torch.bool)  # set up since the last step: its first frame comes from `hidden`
+        self.prompt_src = torch.full((s,), -1, dtype=torch.int64, device=device)  # or from this prompt row's output
         self.pos = zeros(s, dt=torch.int64)  # cache position of each slot's next token
         self.active = zeros(s, dt=torch.int64)  # 1 for occupied slots (their positions advance)
         self.generated = zeros(s, dt=torch.int64)  # frames sampled so far
@@ -190,6 +194,7 @@ class TalkerRunner:
                                             dtype, self.priority) if cuda_graphs else None
         self.pad_embed = self.prompts.tts_pad_embed().to(device=device, dtype=dtype)  # [H]
         self.lengths = [0] * s  # host mirror of self.pos: how far each slot's keys reach, without a sync
+        self._joining: set[int] = set()  # slots set up since the last launch: its step does not advance them
         self._voice_cache = LRU(voice_cache_size)
         self._voice_lock = threading.Lock()  # the engine's voice threads fill the cache the talker's thread reads
         # each voice thread's own CUDA stream (made on its first encoding): a new voice's encoders run beside the
@@ -281,9 +286,10 @@ class TalkerRunner:
     @torch.inference_mode()
     def stage(self, items: list[tuple[int, GenerationRequest]]) -> tuple[list, bool]:
         """(prefill_many's results, whether staged) for requests admitted while a step is in flight: their prompts
-        are built here, and their prefill rides the next launch, whose frame they sit out (they join the one
-        after). A step of the wide talker layers carries their positions as rows of its own, through the same
-        products as its rows' (STEP_PROMPT_ROWS); else their passes follow it. Served at 32 streams of short text
+        are built here, and their prefill rides the next launch. A step of the wide talker layers carries their
+        positions as rows of its own, through the same products as its rows' (STEP_PROMPT_ROWS), and draws their
+        first frame from their prompts' last hidden states (_step); else their passes follow it, and they sit its
+        frame out and join the step after. Served at 32 streams of short text
         on an H100, an admission's own prefill (~2 ms, before every second step of ~4.4) was the talker's largest
         cost after the steps themselves (docs/performance.md, thirty-first pass). A burst (more than
         STAGE_MAX_POSITIONS positions) is prefilled here instead, before the step, as prefill_many would, and joins
@@ -370,8 +376,9 @@ class TalkerRunner:
         return self.talker.model(x, positions, self.kv, positions, kv_len=length, mask=None, rows=rows)
 
     def _init_slots(self, entries: list) -> None:
-        """Set up the slots of prefilled requests, (slot, request, prompt, last hidden) each: each per-slot tensor
-        gets one write for all of them, from two uploads (one of integers, one of floats) and one write of all
+        """Set up the slots of prefilled requests, (slot, request, prompt, last hidden) each, the last hidden
+        state or, for prompts the next step carries, the index of its prompt row: each per-slot tensor gets one
+        write for all of them, from two uploads (one of integers, one of floats) and one write of all
         their trailing text. A burst of 127 took ~16 small writes per slot, 30-40 ms; then an upload and an indexed
         assignment per tensor were ~2.3 ms of the talker thread's host time per admission at 128 streams of short
         text (py-spy, H100, docs/performance.md twenty-eighth pass)."""
@@ -405,9 +412,13 @@ class TalkerRunner:
             values = upload([v for _, column in columns for v in column], dtype, self.device).view(len(columns), -1)
             for (target, _), row in zip(columns, values):
                 target.index_copy_(0, idx, row.to(target.dtype))
-        self.hidden.index_copy_(0, idx, torch.stack([e[3] for e in entries]).to(self.hidden.dtype))
-        for target, value in ((self.active, 1), (self.generated, 0), (self.seen, False)):
+        if isinstance(entries[0][3], int):  # the next step carries their prompts
+            self.prompt_src.index_copy_(0, idx, upload([e[3] for e in entries], torch.int64, self.device))
+        else:
+            self.hidden.index_copy_(0, idx, torch.stack([e[3] for e in entries]).to(self.hidden.dtype))
+        for target, value in ((self.active, 1), (self.generated, 0), (self.seen, False), (self.fresh, True)):
             target.index_fill_(0, idx, value)  # a kernel: `target[idx] = value` would wait for the step in flight
+        self._joining.update(slots)
 
     def needs_voice(self, request: GenerationRequest) -> bool:
         """Whether a request's reference audio waits to be encoded (a voice clone whose voice is not cached)."""
@@ -457,6 +468,7 @@ class TalkerRunner:
         if not slots:
             return
         self._staged = [entry for entry in self._staged if entry[0] not in slots]  # a client that left meanwhile
+        self._joining.difference_update(slots)
         for slot in slots:
             self.candidate_ok[slot] = True
             self.lengths[slot] = 0
@@ -484,14 +496,17 @@ class TalkerRunner:
                 tensor.index_fill_(0, src, 0)
         for s, d in moves:
             self.lengths[d], self.lengths[s] = self.lengths[s], 0
+            if s in self._joining:
+                self._joining.remove(s)
+                self._joining.add(d)
             self.candidate_ok[d], self.candidate_ok[s] = self.candidate_ok[s], True
 
     def _slot_tensors(self, keys: int) -> list[tuple[torch.Tensor, int]]:
         """Every tensor that holds a request's state by slot, with its slot dimension (the caches' first `keys`
         positions). The code predictor's cache is not one: each frame rewrites it before reading it."""
         params = [getattr(p, f.name) for p in (self.talker_params, self.cp_params) for f in fields(p)]
-        per_slot = (self.hidden, self.pos, self.active, self.generated, self.seen, self.trailing, self.trailing_len,
-                    self.seed, self.rep_penalty, *params)
+        per_slot = (self.hidden, self.next_x, self.fresh, self.pos, self.active, self.generated, self.seen,
+                    self.trailing, self.trailing_len, self.seed, self.rep_penalty, *params)
         return [(self.kv.k[:, :, :, :keys], 1), (self.kv.v[:, :, :, :keys], 1)] + [(t, 0) for t in per_slot]
 
     # --- decode ------------------------------------------------------------------------------------------
@@ -505,14 +520,17 @@ class TalkerRunner:
         graph of (bucket, KV bucket) when there is one, else the eager step, then an asynchronous copy of its
         codes into a pinned buffer. The engine launches step N+1 before it collects step N, so the GPU
         computes while the host hands out step N's codes; two steps may be outstanding (two buffers).
-        Requests staged since the last launch are prefilled with this step (see stage) and set up after it;
-        their slots' rows in this frame are not theirs."""
+        Requests staged since the last launch are prefilled with this step (see stage): where it carries their
+        prompts they are set up before it and draw their first frame from it; else their passes follow it, they
+        are set up after it, and their rows in this frame are not theirs (the handle's sat_out)."""
         with self._on_stream():
             staged, self._staged = self._staged, []
             prompt_rows = self._stage_prompt_rows(staged, bucket) if staged else 0
+            if prompt_rows:
+                self._init_slots(self._prompt_entries(staged))
+            joining, self._joining = self._joining, set()
             codes, ended = self.step_tensors(bucket, prompt_rows)
-            if staged:
-                self._init_slots(self._prompt_entries(staged) if prompt_rows else self._prefill_groups(staged))
+            sat_out = () if prompt_rows else tuple(slot for slot, _, _ in staged)
             if self.stream is None:
                 handle = StepHandle(bucket, codes.numpy(), ended.numpy())
             else:
@@ -525,9 +543,12 @@ class TalkerRunner:
                 buf.ended[:bucket].copy_(ended, non_blocking=True)
                 buf.event.record(self.stream)
                 handle = StepHandle(bucket, buffer=buf)
-        for i in range(bucket):
-            if self.lengths[i]:
-                self.lengths[i] += 1
+            handle.sat_out = sat_out
+            for i in range(bucket):
+                if self.lengths[i] and i not in joining:
+                    self.lengths[i] += 1
+            if sat_out:
+                self._init_slots(self._prefill_groups(staged))
         return handle
 
     def collect(self, handle: StepHandle) -> tuple[np.ndarray, np.ndarray]:
@@ -588,9 +609,10 @@ class TalkerRunner:
         return rows
 
     def _prompt_entries(self, staged: list) -> list:
-        """_init_slots' entries of prompts a step carried: each with its last position's hidden state."""
+        """_init_slots' entries of prompts the next step carries: each with its last position's prompt row, whose
+        hidden state that step draws the request's first frame from."""
         ends = np.cumsum([prompt.prefill.shape[0] for _, _, prompt in staged]) - 1
-        return [(slot, request, prompt, self._prompt_hidden[end]) for (slot, request, prompt), end in zip(staged, ends)]
+        return [(slot, request, prompt, int(end)) for (slot, request, prompt), end in zip(staged, ends)]
 
     def reads_own_keys(self, b: int) -> bool:
         """Whether a step of b rows attends over each row's own positions (the fused or the wide talker layers)
@@ -614,19 +636,15 @@ class TalkerRunner:
         return sample(logits.float(), _rows(params, b), noise=exponential_noise(seed, frame, group, logits.shape[-1]))
 
     def _step(self, b: int, kv_len: int, candidates: bool, prompt_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fixed-shape frame: sample code 0, run the code predictor, feed the frame back to the talker.
+        """The fixed-shape frame: the talker takes each row's last frame, then code 0 is sampled from its hidden
+        state and the code predictor runs. In that order a prompt the step carries (prompt_rows: the first that
+        many rows of the prompt inputs go through the talker's pass too, a step of the wide layers, their keys
+        and values into their slots) yields its request's first frame in the same step: its row's hidden state
+        is its prompt's last (prompt_src); a row set up by a prefill before the step takes the prefill's
+        (fresh). Either way the row's own talker input is no frame of its, and its position does not advance.
         Attends over cache positions [0, kv_len) with a mask, so any kv_len >= the longest row's gives the
-        same frame (graphs use a KV bucket). `candidates`: every row's sampling fits topk_sampling.
-        prompt_rows: the talker's pass also takes the first that many rows of the prompt inputs (a step of the
-        wide layers), their keys and values into their slots, their post-norm hidden states into
-        _prompt_hidden."""
-        hidden = self.hidden[:b]
-        code0 = self._draw(self._code0_logits(b), self.talker_params, b, 0, candidates)
-        rest = self._code_predictor(hidden, code0, b, candidates)
-        codes = torch.cat([code0[:, None], rest], dim=1)
-        self.seen[:b].scatter_(1, code0[:, None], True)
-        self.generated[:b] += 1
-        x = self._next_input(codes, b)
+        same frame (graphs use a KV bucket). `candidates`: every row's sampling fits topk_sampling."""
+        x = self.next_x[:b]
         pos = self.pos[:b, None]
         view = CacheView(self.kv.k[:, :b], self.kv.v[:, :b])
         if not self.reads_own_keys(b):
@@ -642,15 +660,29 @@ class TalkerRunner:
             self._prompt_hidden[:n] = self.talker.model.norm(prompt_out)[:, 0]
         else:
             out = self.talker.model.norm(self.wide_talker(x, pos, view.k, view.v))
-        self.hidden[:b] = out[:, 0]
-        self.pos[:b] += self.active[:b]
+        fresh = self.fresh[:b]
+        hidden = torch.where(fresh[:, None], self.hidden[:b], out[:, 0])
+        if prompt_rows:
+            src = self.prompt_src[:b]
+            hidden = torch.where((src >= 0)[:, None], self._prompt_hidden[src.clamp(min=0)], hidden)
+            src.fill_(-1)
+        self.pos[:b] += self.active[:b] * (~fresh)
+        fresh.fill_(False)
+        self.hidden[:b] = hidden
+        code0 = self._draw(self._code0_logits(hidden), self.talker_params, b, 0, candidates)
+        rest = self._code_predictor(hidden, code0, b, candidates)
+        codes = torch.cat([code0[:, None], rest], dim=1)
+        self.seen[:b].scatter_(1, code0[:, None], True)
+        self.generated[:b] += 1
+        self.next_x[:b] = self._next_input(codes, b)
         return codes, code0 == self.eos_id
 
-    def _code0_logits(self, b: int) -> torch.Tensor:
-        """Code-0 logits [b, V] (float32) of the slots' last hidden states, with the repetition penalty, the eos
-        ban of the first frames and the suppressed ids applied."""
+    def _code0_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Code-0 logits [b, V] (float32) of the rows' hidden states, with the repetition penalty, the eos ban
+        of the first frames and the suppressed ids applied."""
+        b = hidden.shape[0]
         frame = self.generated[:b]
-        logits = self.talker.codec_logits(self.hidden[:b])
+        logits = self.talker.codec_logits(hidden)
         logits = penalize_repeats(logits, self.seen[:b], self.rep_penalty[:b])
         return mask_code0(logits, frame, self.eos_id, self.suppress)
 
@@ -755,6 +787,9 @@ class TalkerRunner:
             with self._on_voice_stream():
                 self.prompts.warm_up_encoders()
             self.hidden.zero_()
+            self.next_x.zero_()
+            self.fresh.zero_()
+            self.prompt_src.fill_(-1)
             self.generated.zero_()
             self.seen.zero_()
             self.pos.zero_()
