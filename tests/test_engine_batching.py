@@ -662,3 +662,24 @@ def test_the_runner_clones_a_voice_as_the_models_generate_does():
                             subtalker_dosample=False).codes.numpy()
         assert len(want) >= 4, "degenerate test: the model ended its speech at once"
         np.testing.assert_array_equal(got[slot][:len(want)], want)
+
+
+def test_the_runner_designs_a_voice_as_the_models_generate_does():
+    """VoiceDesign, greedy, its text whole and streamed in: the runner draws the codes of Qwen3TTS.generate."""
+    from serving.engine.checkpoint import resolve_model
+    from serving.model.tts import Qwen3TTS
+
+    path = resolve_model("tiny-random-design")
+    runner, _codec, _info = load_stages(EngineConfig(model=str(path), **CONFIG))
+    tts = Qwen3TTS.load(str(path), dtype="float32")
+    frames, text, instructions = 12, "Design a voice now.", "A calm, low voice."
+    reqs = [GenerationRequest(task="VoiceDesign", text=text, language="english", instructions=instructions,
+                              max_new_tokens=frames, non_streaming_mode=whole,
+                              sampling=SamplingParams(seed=3, do_sample=False, subtalker_do_sample=False))
+            for whole in (True, False)]
+    got = run_frames(runner, [(0, reqs[0]), (1, reqs[1])], frames)
+    for slot, whole in ((0, True), (1, False)):
+        want = tts.generate(text, language="english", instruct=instructions, max_new_tokens=frames + 1,
+                            do_sample=False, subtalker_dosample=False, non_streaming_text=whole).codes.numpy()
+        assert len(want) >= 4, "degenerate test: the model ended its speech at once"
+        np.testing.assert_array_equal(got[slot][:len(want)], want)
