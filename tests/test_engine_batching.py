@@ -14,6 +14,7 @@ from serving.engine.engine import Engine, EngineConfig, RequestFailed
 from serving.engine.loader import load_stages
 from serving.engine.mailbox import Mailbox
 from serving.engine.request import GenerationRequest, SamplingParams
+from serving.model.tts import Qwen3TTS
 
 CONFIG = dict(max_batch_size=4, max_model_len=128, chunk_frames=4, first_chunk_frames=2, left_context_frames=4)
 
@@ -608,78 +609,68 @@ def test_a_busy_reader_is_woken_once_for_the_chunks_that_came_meanwhile():
     assert wakes == 1, wakes  # one a chunk and an end each: 16
 
 
-def test_the_runner_draws_the_codes_of_the_models_generate(stages):
-    """Greedy, three requests decoding side by side draw the codes that Qwen3TTS.generate (the model-level path the
-    official-parity tests hold to qwen-tts) draws for each alone, up to its end of speech: the engine's batched,
-    slotted step is the same computation, in whatever order it runs its parts. Two stream their text in (a token
-    a frame after the first), one ending within the frames and one not, so the frames' text inputs are checked
-    too (until session 40 the engine fed token k with frame k, one early, the first never)."""
-    from serving.engine.checkpoint import resolve_model
-    from serving.model.tts import Qwen3TTS
+GREEDY = SamplingParams(seed=9, do_sample=False, subtalker_do_sample=False)
 
-    runner = stages[0]
-    tts = Qwen3TTS.load(str(resolve_model("tiny-random")), dtype="float32")
-    jobs = [("Hello there, how are you?", "vivian", "english", True), ("Hi.", "ryan", "auto", False),
-            ("A longer sentence, with more words than frames.", "dylan", "english", False)]
-    frames = 16
-    reqs = [GenerationRequest(task="CustomVoice", text=text, speaker=speaker, language=language, max_new_tokens=frames,
-                              non_streaming_mode=whole, sampling=SamplingParams(seed=9, do_sample=False,
-                                                                                subtalker_do_sample=False))
-            for text, speaker, language, whole in jobs]
-    got = run_frames(runner, [(0, reqs[0]), (2, reqs[1]), (3, reqs[2])], frames)
-    streamed = [runner.prompts.build_many([r], lambda key, compute: compute())[0][0].trailing.shape[0] for r in reqs]
-    assert streamed[0] == 0 and 0 < streamed[1] < frames - 1 < streamed[2]  # text ending within the frames, and not
-    for slot, (text, speaker, language, whole) in zip((0, 2, 3), jobs):
-        want = tts.generate(text, speaker=speaker, language=language, max_new_tokens=frames + 1, do_sample=False,
-                            subtalker_dosample=False, non_streaming_text=whole).codes.numpy()
+
+def assert_runner_generates_alike(runner, tts, jobs: list, frames: int) -> None:
+    """Greedy, the jobs' requests decoding side by side in the runner (slot, request, the rest of generate's
+    arguments each) draw the codes Qwen3TTS.generate (the model-level path the official-parity tests hold to
+    qwen-tts) draws for each alone, up to its end of speech (`max_new_tokens` there: one frame fewer)."""
+    got = run_frames(runner, [(slot, request) for slot, request, _ in jobs], frames)
+    for slot, request, kwargs in jobs:
+        want = tts.generate(request.text, language=request.language, max_new_tokens=frames + 1, do_sample=False,
+                            subtalker_dosample=False, **kwargs).codes.numpy()
         assert len(want) >= 4, "degenerate test: the model ended its speech at once"
         np.testing.assert_array_equal(got[slot][:len(want)], want)
 
 
-def test_the_runner_clones_a_voice_as_the_models_generate_does():
-    """Voice clone (text streamed in, the Base default), greedy: in-context from a reference clip and its transcript,
-    and from the clip's x-vector alone, side by side in the engine's runner, draw the codes Qwen3TTS.generate draws
-    for each from the same clip (the runner encodes it with its own encoders, as the server does)."""
-    from serving.engine.checkpoint import resolve_model
-    from serving.model.tts import Qwen3TTS
+def test_the_runner_draws_the_codes_of_the_models_generate(stages):
+    """Three CustomVoice requests side by side: the engine's batched, slotted step is the model's computation, in
+    whatever order it runs its parts. Two stream their text in (a token a frame after the first), one ending within
+    the frames and one not, so the frames' text inputs are checked too (until session 40 the engine fed token k
+    with frame k, one early, the first never)."""
+    runner = stages[0]
+    tts = Qwen3TTS.load(str(resolve_model("tiny-random")), dtype="float32")
+    frames = 16
+    jobs = [(slot, GenerationRequest(task="CustomVoice", text=text, speaker=speaker, language=language,
+                                     max_new_tokens=frames, non_streaming_mode=whole, sampling=GREEDY),
+             dict(speaker=speaker, non_streaming_text=whole))
+            for slot, text, speaker, language, whole in (
+                (0, "Hello there, how are you?", "vivian", "english", True), (2, "Hi.", "ryan", "auto", False),
+                (3, "A longer sentence, with more words than frames.", "dylan", "english", False))]
+    streamed = [runner.prompts.build_many([r], lambda key, compute: compute())[0][0].trailing.shape[0]
+                for _, r, _ in jobs]
+    assert streamed[0] == 0 and 0 < streamed[1] < frames - 1 < streamed[2]  # text ending within the frames, and not
+    assert_runner_generates_alike(runner, tts, jobs, frames)
 
+
+def test_the_runner_clones_a_voice_as_the_models_generate_does():
+    """Voice clone (text streamed in, the Base default): in-context from a reference clip and its transcript, and
+    from the clip's x-vector alone, side by side (the runner encodes the clip with its own encoders, as the server
+    does; generate with the model's)."""
     path = resolve_model("tiny-random-clone")
     runner, _codec, _info = load_stages(EngineConfig(model=str(path), **CONFIG))
     tts = Qwen3TTS.load(str(path), dtype="float32")
     t = np.arange(24000 * 2) / 24000
     audio = (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t))).astype(np.float32)
-    greedy = SamplingParams(seed=4, do_sample=False, subtalker_do_sample=False)
     frames, text = 12, "Clone this voice."
     icl = GenerationRequest(task="Base", text=text, language="english", ref_audio=audio, ref_text="A test tone.",
-                            max_new_tokens=frames, sampling=greedy)
+                            max_new_tokens=frames, sampling=GREEDY)
     xvec = GenerationRequest(task="Base", text=text, language="english", ref_audio=audio, x_vector_only=True,
-                             max_new_tokens=frames, sampling=greedy)
-    got = run_frames(runner, [(0, icl), (1, xvec)], frames)
-    voices = {0: tts.create_voice_clone_prompt(audio, 24000, ref_text="A test tone."),
-              1: tts.create_voice_clone_prompt(audio, 24000, x_vector_only=True)}
-    for slot, voice in voices.items():
-        want = tts.generate(text, language="english", voice=voice, max_new_tokens=frames + 1, do_sample=False,
-                            subtalker_dosample=False).codes.numpy()
-        assert len(want) >= 4, "degenerate test: the model ended its speech at once"
-        np.testing.assert_array_equal(got[slot][:len(want)], want)
+                             max_new_tokens=frames, sampling=GREEDY)
+    assert_runner_generates_alike(runner, tts, [
+        (0, icl, dict(voice=tts.create_voice_clone_prompt(audio, 24000, ref_text="A test tone."))),
+        (1, xvec, dict(voice=tts.create_voice_clone_prompt(audio, 24000, x_vector_only=True)))], frames)
 
 
 def test_the_runner_designs_a_voice_as_the_models_generate_does():
-    """VoiceDesign, greedy, its text whole and streamed in: the runner draws the codes of Qwen3TTS.generate."""
-    from serving.engine.checkpoint import resolve_model
-    from serving.model.tts import Qwen3TTS
-
+    """VoiceDesign, its text whole and streamed in."""
     path = resolve_model("tiny-random-design")
     runner, _codec, _info = load_stages(EngineConfig(model=str(path), **CONFIG))
     tts = Qwen3TTS.load(str(path), dtype="float32")
-    frames, text, instructions = 12, "Design a voice now.", "A calm, low voice."
-    reqs = [GenerationRequest(task="VoiceDesign", text=text, language="english", instructions=instructions,
-                              max_new_tokens=frames, non_streaming_mode=whole,
-                              sampling=SamplingParams(seed=3, do_sample=False, subtalker_do_sample=False))
-            for whole in (True, False)]
-    got = run_frames(runner, [(0, reqs[0]), (1, reqs[1])], frames)
-    for slot, whole in ((0, True), (1, False)):
-        want = tts.generate(text, language="english", instruct=instructions, max_new_tokens=frames + 1,
-                            do_sample=False, subtalker_dosample=False, non_streaming_text=whole).codes.numpy()
-        assert len(want) >= 4, "degenerate test: the model ended its speech at once"
-        np.testing.assert_array_equal(got[slot][:len(want)], want)
+    frames, instructions = 12, "A calm, low voice."
+    assert_runner_generates_alike(runner, tts, [
+        (slot, GenerationRequest(task="VoiceDesign", text="Design a voice now.", language="english",
+                                 instructions=instructions, max_new_tokens=frames, non_streaming_mode=whole,
+                                 sampling=GREEDY), dict(instruct=instructions, non_streaming_text=whole))
+        for slot, whole in ((0, True), (1, False))], frames)
