@@ -273,9 +273,9 @@ def test_a_prompt_longer_than_the_slot_is_refused(stages):
 @pytest.mark.parametrize("burst", [False, True])
 def test_a_request_that_arrives_while_others_decode_is_staged_and_its_audio_is_its_own(burst, monkeypatch):
     """The engine stages a request admitted while a step is in flight beside a running one (its prefill rides the
-    next launch, which on a CPU, without wide layers, it sits out), or, a burst (STAGE_MAX_POSITIONS monkeypatched below its prompt), lets the
-    runner prefill it at once and run it in that step; both requests' audio equals their audio alone, and a
-    request admitted into an idle engine is prefilled on its own (no step to ride)."""
+    next launch, which on a CPU, without wide layers, it sits out), or, a burst (STAGE_MAX_POSITIONS monkeypatched
+    below its prompt), lets the runner prefill it at once and run it in that step; both requests' audio equals
+    their audio alone, and a request admitted into an idle engine is prefilled on its own (no step to ride)."""
     import serving.engine.talker_stage as talker_stage
 
     if burst:
