@@ -14,6 +14,7 @@ import pytest
 import soundfile as sf
 import torch
 
+from serving.engine.engine import VOICE_THREADS
 from serving.engine.prompts import WITHOUT_CUDNN
 from tests.server_fixtures import ServerThread, post_json, wait_until
 
@@ -142,19 +143,19 @@ def test_an_encoding_error_fails_its_request_alone(base, encoder):
 
 
 def test_new_voices_are_encoded_side_by_side(base, encoder):
-    """Two clones bring two new voices at once: their encodings run at the same time on two voice threads (each one
-    waits here until the other has begun, which one thread could not do: its first would fail after 20 s), and both
-    are served as they are once their voices are cached."""
+    """As many clones as voice threads bring new voices at once: their encodings run at the same time (each one waits
+    here until all have begun, which fewer threads could not do: one would fail after 20 s), and all are served as
+    they are once their voices are cached."""
     prompts, real = encoder
-    both = threading.Barrier(2, timeout=20)
+    together = threading.Barrier(VOICE_THREADS, timeout=20)
 
     def side_by_side(audio):
-        both.wait()
+        together.wait()
         return real(audio)
 
     prompts.encode_reference = side_by_side
     voices_before = base.metrics().get(VOICES_ENCODED, 0.0)
-    uris = [clip_uri(0.31), clip_uri(0.32)]
+    uris = [clip_uri(0.31 + 0.01 * i) for i in range(VOICE_THREADS)]
     results: dict = {}
     threads = [threading.Thread(target=lambda u=u: results.update({u: clone(base, ref_audio=u, ref_text="Hello.")}))
                for u in uris]
@@ -162,12 +163,12 @@ def test_new_voices_are_encoded_side_by_side(base, encoder):
         t.start()
     for t in threads:
         t.join(60)
-    assert [results[u][0] for u in uris] == [200, 200]
-    assert base.metrics()[VOICES_ENCODED] == voices_before + 2
+    assert [results[u][0] for u in uris] == [200] * VOICE_THREADS
+    assert base.metrics()[VOICES_ENCODED] == voices_before + VOICE_THREADS
     prompts.encode_reference = real
     for u in uris:  # cached now: no encoding, the same audio
         assert clone(base, ref_audio=u, ref_text="Hello.")[2] == results[u][2]
-    assert base.metrics()[VOICES_ENCODED] == voices_before + 2
+    assert base.metrics()[VOICES_ENCODED] == voices_before + VOICE_THREADS
 
 
 @pytest.mark.parametrize("enabled", [True, False])

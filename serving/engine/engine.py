@@ -39,9 +39,10 @@ log = logging.getLogger("serving.engine")
 
 RECENT_FRAMES_S = 5.0  # the window of stats()' frames_per_second
 # Threads that encode new reference voices side by side, sharing the TorchScript encoders (each call lets go of the
-# interpreter for the whole network). On an H100 beside two busy launching threads, 1 / 2 threads encoded 40.3 / 75.5
-# new voices a second (eager Python: 21.4 / 36.9; spawned processes no better; docs/performance.md, session 40).
-VOICE_THREADS = 2
+# interpreter for the whole network). On an H100 beside two busy launching threads, 1 / 2 / 3 / 4 threads encoded
+# 41.4 / 75.2 / 121.5 / 142.8 new voices a second (spawned processes no better); served fresh clone, four threads
+# against two on one machine: c=32 TTFAB p95 504.7 -> 345.6 ms, c=128 1266.6 -> 1044.5 (docs/performance.md, s41).
+VOICE_THREADS = 4
 
 # A request's milestones in the order it meets them, each the monotonic time it first happened (--request-log).
 TIMELINE = {
