@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import soundfile as sf
 import torch
@@ -166,8 +167,12 @@ def test_new_voices_are_encoded_side_by_side(base, encoder):
     assert [results[u][0] for u in uris] == [200] * VOICE_THREADS
     assert base.metrics()[VOICES_ENCODED] == voices_before + VOICE_THREADS
     prompts.encode_reference = real
-    for u in uris:  # cached now: no encoding, the same audio
-        assert clone(base, ref_audio=u, ref_text="Hello.")[2] == results[u][2]
+    for u in uris:  # cached now: no encoding, the same audio to a few steps of 16-bit PCM: what runs beside a request
+        # (rows, codec calls, the encoding threads) differs between the two, and a CPU's float sums with it (a step of
+        # one in 2 of 10 runs)
+        again, first = (np.frombuffer(body, dtype="<i2").astype(np.int32)
+                        for body in (clone(base, ref_audio=u, ref_text="Hello.")[2], results[u][2]))
+        assert again.shape == first.shape and np.abs(again - first).max() <= 8
     assert base.metrics()[VOICES_ENCODED] == voices_before + VOICE_THREADS
 
 
