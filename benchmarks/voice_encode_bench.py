@@ -18,8 +18,9 @@ interpreter back after its launch.
 
 --parallel N,... asks how many new voices a second N encoders sharing the work reach, as threads of one process
 (the engine's voice threads; each thread on its own CUDA stream) and as processes of their own (spawned, each with
-its own encoders and CUDA context): on an H100 beside two busy threads, 1 / 2 threads encoded 40.3 / 75.5 new voices
-a second in TorchScript, 21.4 / 36.9 eager (docs/performance.md thirty-fourth pass). Each encoding is the server's (x-vector
+its own encoders and CUDA context): on an H100 beside two busy threads, 1 / 2 / 3 / 4 threads encoded 41.4 / 75.2 /
+121.5 / 142.8 new voices a second in TorchScript (processes 58.5 / 50.9 / 24.6 / 17.6; docs/performance.md
+thirty-fifth pass; eager, 1 / 2 threads: 21.4 / 36.9, thirty-fourth). Each encoding is the server's (x-vector
 and codes copied to the host) of a clip a few samples shorter than the last, a length the encoders have not met.
 A GPU question: on a CPU each process also brings its own pool of compute threads, which contend for the cores (the
 2-core VM, tiny encoders: 1 / 2 threads 22.0 / 41.5 voices a second, 1 / 2 processes 35.8 / 9.6). --busy N runs N
