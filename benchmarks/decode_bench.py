@@ -92,6 +92,39 @@ def time_steps(runner, batch: int, steps: int) -> float:
     return (time.perf_counter() - t0) / steps * 1e3
 
 
+def split_step(runner, batch: int, replays: int = 100) -> dict:
+    """ms of each part of a frame at `batch` rows, each part captured alone as a CUDA graph and replayed: the
+    talker's pass (TalkerRunner._talker), code 0 (the codec head with its penalties and masks, and its draw), the
+    code predictor (15 passes, each with its head and draw), and of those two the 16 draws alone (the sampling:
+    one over code 0's logits, 15 over the code predictor's). Where a served frame's time goes: issue 7 asks the
+    per-frame breakdown beside a missed target. The parts' sum falls short of a whole frame by the frame's
+    bookkeeping (the next input, counters) and the gaps between graphs."""
+    from graph_timing import us_per_call
+
+    b, kv_len = batch, max(runner.lengths[:batch]) + 1
+    hidden = runner.hidden[:b]
+    code0 = torch.zeros(b, dtype=torch.int64, device=runner.device)
+    cp = runner.talker.code_predictor
+    vocab0, vocab = runner.talker.codec_head.weight.shape[0], cp.lm_head[0].weight.shape[0]
+    logits0 = torch.randn(b, vocab0, device=runner.device)
+    logits = torch.randn(b, vocab, device=runner.device, dtype=runner.dtype)
+
+    def draws():
+        runner._draw(logits0, runner.talker_params, b, 0, True)
+        for j in range(1, runner.num_groups):
+            runner._draw(logits, runner.cp_params, b, j, True)
+
+    parts = {
+        "talker": lambda: runner._talker(b, kv_len),
+        "code0": lambda: runner._draw(runner._code0_logits(hidden), runner.talker_params, b, 0, True),
+        "code_predictor": lambda: runner._code_predictor(hidden, code0, b, True),
+        "draws": draws,
+    }
+    torch.cuda.synchronize()  # the runner's tensors were made on its stream; the graphs capture on their own
+    with torch.inference_mode():
+        return {name: round(us_per_call(lambda _: part(), 1, replays) / 1e3, 3) for name, part in parts.items()}
+
+
 def profile_step(runner, label: str, batch: int, path: str) -> None:
     """Kernel count and time by kernel name of steps run outside graphs (graphs hide their kernels from the
     profiler); the kernels are the ones a graph replays, without the launch gaps between them."""
@@ -190,6 +223,8 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--json")
     ap.add_argument("--profile", help="append per-kernel profiles of eager steps to this file")
+    ap.add_argument("--split", action="store_true",
+                    help="also time each part of a frame alone (split_step): talker, code 0, code predictor, draws")
     ap.add_argument("--tiles", help="JSON of tiles for the fused code-predictor layers, by role "
                                     "(fused_layers_bench.py --json), instead of triton_layers._TILES")
     args = ap.parse_args()
@@ -240,6 +275,8 @@ def main() -> None:
                          "floor_ms": round(floor, 3), "x_floor": round(ms / floor, 2),
                          "frames_per_s": round(b / ms * 1e3, 1), "x_realtime_per_stream": round(1e3 / ms / 12.5, 2),
                          "setup_s": round(setup, 1)})
+            if args.split and variant != "eager":
+                rows[-1]["split_ms"] = split_step(runner, b)
             print(json.dumps(rows[-1]), flush=True)
         if args.profile and variant != "graph":
             for b in (batches[0], batches[-1]):
@@ -249,6 +286,15 @@ def main() -> None:
     for r in rows:
         print(f"{r['variant']:8s} {r['batch']:5d} {r['ms_per_frame']:9.2f} {r['floor_ms']:9.2f} {r['x_floor']:8.1f} "
               f"{r['frames_per_s']:9.0f} {r['x_realtime_per_stream']:10.1f}")
+    split = [r for r in rows if "split_ms" in r]
+    if split:
+        print("\nparts alone, ms (the rest: bookkeeping and gaps)\nvariant  batch  frame  talker  code0  code_predictor"
+              "  of which draws  rest")
+        for r in split:
+            p = r["split_ms"]
+            rest = r["ms_per_frame"] - p["talker"] - p["code0"] - p["code_predictor"]
+            print(f"{r['variant']:8s} {r['batch']:5d} {r['ms_per_frame']:6.2f} {p['talker']:7.2f} {p['code0']:6.2f} "
+                  f"{p['code_predictor']:15.2f} {p['draws']:15.2f} {rest:5.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -125,6 +125,38 @@ def test_a_burst_admitted_beside_a_step_is_prefilled_at_once_and_joins_it(stages
     np.testing.assert_array_equal(np.stack(codes)[2:, 2], want[2])
 
 
+def test_a_wide_step_carries_any_staged_admission_in_the_fewest_prompt_rows(monkeypatch):
+    """Every admission that is staged (up to STAGE_MAX_POSITIONS positions: a voice clone's prompt holds its
+    reference's codes, ~65 positions, and 11 of them came at once at 128 streams of short text) fits the prompt rows
+    of one wide step, padded to the next size; the padding rows continue the last prompt's positions in its slot.
+    One more position than that is not carried (its passes follow the step)."""
+    import types
+
+    import serving.engine.talker_stage as talker_stage
+
+    runner, _, _ = load_stages(EngineConfig(model=str(resolve_model("tiny-random")), **{
+        **CONFIG, "max_model_len": 2048}))
+    monkeypatch.setattr(runner, "wide_talker", object())  # the wide layers' presence is all the choice reads
+    runner.wide_talker_rows = 3
+    runner.set_up_prompt_rows()
+    assert runner.step_prompt_rows[-1] == talker_stage.STAGE_MAX_POSITIONS and runner.takes_prompts(4)
+    hidden = runner.talker.cfg.transformer.hidden_size
+
+    def staged(*lengths):
+        return [(slot, None, types.SimpleNamespace(prefill=torch.full((n, hidden), float(slot))))
+                for slot, n in enumerate(lengths)]
+
+    assert runner._stage_prompt_rows(staged(65, 65, 70), bucket=4) == 256
+    assert runner._stage_prompt_rows(staged(300, 300, 100), bucket=4) == 768
+    slots, pos = runner._prompt_slots[:768].tolist(), runner._prompt_pos[:768, 0].tolist()
+    assert slots[:300] == [0] * 300 and slots[600:] == [2] * 168
+    assert pos[299:302] == [299, 0, 1] and pos[600:] == list(range(168))
+    assert runner._prompt_x[599, 0] == 1 and runner._prompt_x[699, 0] == 2 and not runner._prompt_x[700:768].any()
+    assert runner._stage_prompt_rows(staged(512, 512), bucket=4) == 1024
+    assert runner._stage_prompt_rows(staged(512, 513), bucket=4) == 0
+    assert runner._stage_prompt_rows(staged(10), bucket=2) == 0  # fewer rows than the wide layers take
+
+
 def test_a_staged_request_whose_client_left_is_not_set_up(stages):
     """A slot freed between its staging and the launch (the client left) is neither prefilled nor set up."""
     runner = stages[0]

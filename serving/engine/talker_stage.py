@@ -44,8 +44,10 @@ FUSED_CP_ROWS = 4
 FUSED_TALKER_ROWS = 2
 WIDE_TALKER_ROWS = FUSED_TALKER_ROWS + 1
 # Prompt positions a step of the wide talker layers carries as rows of its own (TalkerRunner.stage): one graph per
-# batch bucket and size; an admission of more positions is prefilled in passes of its own after the step
-STEP_PROMPT_ROWS = (32, 64, 128, 256)
+# batch bucket and size; an admission of more positions is prefilled in passes of its own after the step. Up to
+# STAGE_MAX_POSITIONS: a voice clone's prompt holds its reference's codes (~65 positions for a 4 s clip and short
+# text), so at 128 streams of short text an admission of ~11 clones (~700 positions) outgrew 256
+STEP_PROMPT_ROWS = (32, 64, 128, 256, 384, 512, 768, 1024)
 # Prompt positions beyond which an admission beside a running step (a burst: a level's first wave) is prefilled at
 # once, before that step, rather than staged (TalkerRunner.stage)
 STAGE_MAX_POSITIONS = 1024
@@ -644,22 +646,7 @@ class TalkerRunner:
         (fresh). Either way the row's own talker input is no frame of its, and its position does not advance.
         Attends over cache positions [0, kv_len) with a mask, so any kv_len >= the longest row's gives the
         same frame (graphs use a KV bucket). `candidates`: every row's sampling fits topk_sampling."""
-        x = self.next_x[:b]
-        pos = self.pos[:b, None]
-        view = CacheView(self.kv.k[:, :b], self.kv.v[:, :b])
-        if not self.reads_own_keys(b):
-            out = self.talker.model(x, pos, view, pos, kv_len=kv_len, mask=self._step_mask(b, kv_len))
-        elif b <= self.fused_talker_rows:  # each row attends to its positions <= pos: what the mask would say
-            out = self.talker.model.norm(self.fused_talker(x, pos, view.k, view.v))
-        elif prompt_rows:
-            from serving.engine.triton_layers import Prompts  # the wide layers are there: so is Triton
-            n = prompt_rows
-            prompts = Prompts(self._prompt_x[:n], self._prompt_slots[:n], self._prompt_pos[:n], self.kv.k, self.kv.v)
-            out, prompt_out = self.wide_talker(x, pos, view.k, view.v, prompts)
-            out = self.talker.model.norm(out)
-            self._prompt_hidden[:n] = self.talker.model.norm(prompt_out)[:, 0]
-        else:
-            out = self.talker.model.norm(self.wide_talker(x, pos, view.k, view.v))
+        out = self._talker(b, kv_len, prompt_rows)
         fresh = self.fresh[:b]
         hidden = torch.where(fresh[:, None], self.hidden[:b], out[:, 0])
         if prompt_rows:
@@ -676,6 +663,25 @@ class TalkerRunner:
         self.generated[:b] += 1
         self.next_x[:b] = self._next_input(codes, b)
         return codes, code0 == self.eos_id
+
+    def _talker(self, b: int, kv_len: int, prompt_rows: int = 0) -> torch.Tensor:
+        """The talker's pass of a step (see _step): the normed hidden states [b, 1, H] of the rows' last frames;
+        with prompt_rows, the prompt rows' go to _prompt_hidden. Its own method so that benchmarks time it alone."""
+        x = self.next_x[:b]
+        pos = self.pos[:b, None]
+        view = CacheView(self.kv.k[:, :b], self.kv.v[:, :b])
+        if not self.reads_own_keys(b):
+            return self.talker.model(x, pos, view, pos, kv_len=kv_len, mask=self._step_mask(b, kv_len))
+        if b <= self.fused_talker_rows:  # each row attends to its positions <= pos: what the mask would say
+            return self.talker.model.norm(self.fused_talker(x, pos, view.k, view.v))
+        if not prompt_rows:
+            return self.talker.model.norm(self.wide_talker(x, pos, view.k, view.v))
+        from serving.engine.triton_layers import Prompts  # the wide layers are there: so is Triton
+        n = prompt_rows
+        prompts = Prompts(self._prompt_x[:n], self._prompt_slots[:n], self._prompt_pos[:n], self.kv.k, self.kv.v)
+        out, prompt_out = self.wide_talker(x, pos, view.k, view.v, prompts)
+        self._prompt_hidden[:n] = self.talker.model.norm(prompt_out)[:, 0]
+        return self.talker.model.norm(out)
 
     def _code0_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Code-0 logits [b, V] (float32) of the rows' hidden states, with the repetition penalty, the eos ban
