@@ -44,9 +44,10 @@ FUSED_CP_ROWS = 4
 FUSED_TALKER_ROWS = 2
 WIDE_TALKER_ROWS = FUSED_TALKER_ROWS + 1
 # Prompt positions a step of the wide talker layers carries as rows of its own (TalkerRunner.stage): one graph per
-# batch bucket and size; an admission of more positions is prefilled in passes of its own after the step. Up to
-# STAGE_MAX_POSITIONS: a voice clone's prompt holds its reference's codes (~65 positions for a 4 s clip and short
-# text), so at 128 streams of short text an admission of ~11 clones (~700 positions) outgrew 256
+# batch bucket and size, up to STAGE_MAX_POSITIONS, so every staged admission fits one step (where a step cannot carry
+# it, fewer rows than the wide layers take, its passes follow the step). A voice clone's prompt holds its reference's
+# codes (~65 positions for a 4 s clip and short text): at 128 streams of short text an admission of ~11 clones (~700
+# positions) outgrew the 256 rows of before, and its new rows sat the step out (H100: 632 -> 681 audio s/s with these)
 STEP_PROMPT_ROWS = (32, 64, 128, 256, 384, 512, 768, 1024)
 # Prompt positions beyond which an admission beside a running step (a burst: a level's first wave) is prefilled at
 # once, before that step, rather than staged (TalkerRunner.stage)
