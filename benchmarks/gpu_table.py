@@ -62,13 +62,14 @@ def main() -> None:
         split = [r for r in decode if "split_ms" in r]
         if split:
             print("## Where a frame's time goes: each part alone as a graph of its own (decode_bench.py --split), ms\n")
-            print("| variant | batch | frame | talker | code 0 | code predictor (15 passes) | of which the 16 draws | rest |")
+            print("| variant | batch | frame | talker | code 0 | code predictor (15 passes) | of which the 16 draws "
+                  "| rest |")
             print("|---" * 8 + "|")
             for r in split:
                 p = r["split_ms"]
                 rest = r["ms_per_frame"] - p["talker"] - p["code0"] - p["code_predictor"]
-                print(f"| {r['variant']} | {r['batch']} | {r['ms_per_frame']:.2f} | {p['talker']:.2f} | {p['code0']:.2f} | "
-                      f"{p['code_predictor']:.2f} | {p['draws']:.2f} | {rest:.2f} |")
+                print(f"| {r['variant']} | {r['batch']} | {r['ms_per_frame']:.2f} | {p['talker']:.2f} | "
+                      f"{p['code0']:.2f} | {p['code_predictor']:.2f} | {p['draws']:.2f} | {rest:.2f} |")
             print()
     summaries = sorted(runs.glob("*/summary.json")) if runs.exists() else []
     if summaries:
