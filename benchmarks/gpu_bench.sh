@@ -40,7 +40,7 @@
 # went), COMPILE_CACHE (a compile-cache.tar.xz of an earlier run: seeds Triton's and Inductor's caches on a fresh
 # machine, whose first server otherwise compiles for ~190 s; benchmarks/compile_cache.sh).
 # Results: $OUT/table.md, $OUT/decode.log, and $OUT/raw.tgz (env, decode.json, kernel profiles, server logs and /health,
-# runs.tgz: the run directories without audio, peer JSON).
+# runs.tgz: the run directories without audio, peer JSON, gpu-clocks.csv: nvidia-smi every 2 s through the run).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -56,6 +56,17 @@ source benchmarks/compile_cache.sh  # Triton and Inductor compile into $WORK/cac
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 T0=$(date +%s)
 say() { echo "=== $* ($(( $(date +%s) - T0 ))s)"; }
+# the GPU's clocks, power and slowdown reasons every 2 s through the run (gpu-clocks.csv, summarised by the table):
+# one lent machine of six ran every stage ~1.5x slower from its second level on (docs/performance.md, thirty-sixth
+# pass), and nothing in a run's own figures told it from a slower code
+clocks=
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -l 2 > "$OUT/gpu-clocks.csv" 2>&1 &
+  clocks=$!
+  trap 'kill $clocks 2>/dev/null' EXIT  # also when a time limit ends the run (TERM: exit, so the trap runs)
+  trap 'exit 143' TERM
+fi
 
 WHEELS=${WHEELS:-.peer-bench/whl/common}
 # soundfile, soxr (+ cffi, pycparser), orjson: not in the image (orjson is newest: a folder an older tree filled lacks it)
@@ -225,6 +236,7 @@ EOF
   *) echo "unknown stage $stage";;
   esac
 done
+[ -n "$clocks" ] && kill $clocks 2>/dev/null  # before the archive: the file is complete
 # what comes back from a lent GPU is a few files: everything raw in one archive, the table beside it
 (cd "$OUT" && tar -czf raw.tgz --exclude raw.tgz --exclude table.md --exclude decode.log \
   --exclude compile-cache.tar.xz * && find . -maxdepth 1 -type f ! -name raw.tgz ! -name table.md \

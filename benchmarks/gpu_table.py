@@ -41,6 +41,37 @@ def padding(codec: dict | None) -> str:
     return f"{codec['padded_share']:.1%} ({codec['rows_share']:.1%} + {codec['lengths_share']:.1%})"
 
 
+SLOWDOWNS = {0x4: "power cap", 0x8: "hardware slowdown", 0x20: "software thermal", 0x40: "hardware thermal",
+             0x80: "power brake"}  # nvidia-smi's clocks event reasons that slow a busy GPU (0x1 is "idle")
+
+
+def clocks_summary(path: Path) -> str | None:
+    """One line on the GPU's clocks through a run, from nvidia-smi's CSV (gpu_bench.sh's gpu-clocks.csv): the SM
+    clock over the busy samples (those not flagged idle) and how many of them a power or thermal slowdown marked.
+    A run whose figures sit far below its peers' on a machine whose clocks sagged is the machine's, not the code's."""
+    if not path.exists():
+        return None
+    busy, slowed = [], {}
+    for line in path.read_text().splitlines()[1:]:
+        cells = [c.strip() for c in line.split(",")]
+        try:
+            sm, reasons = float(cells[1].split()[0]), int(cells[5], 16)
+        except (IndexError, ValueError):
+            continue
+        if reasons & 0x1:
+            continue
+        busy.append(sm)
+        for bit, name in SLOWDOWNS.items():
+            if reasons & bit:
+                slowed[name] = slowed.get(name, 0) + 1
+    if not busy:
+        return "GPU clocks: no busy sample"
+    busy.sort()
+    marks = ", ".join(f"{name} in {n}" for name, n in slowed.items()) or "none"
+    return (f"GPU clocks (nvidia-smi every 2 s): {len(busy)} busy samples, SM clock median {busy[len(busy) // 2]:.0f}"
+            f" MHz, lowest {busy[0]:.0f}; slowdowns: {marks}")
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     runs = Path(sys.argv[2]) if len(sys.argv) > 2 else out / "runs"
@@ -110,6 +141,9 @@ def main() -> None:
                       + f" | {padding(phases.get('codec_frames'))} | "
                       + " | ".join(str(counted[e]) if e in counted else "-" for e in events) + " |")
             print()
+    clocks = clocks_summary(out / "gpu-clocks.csv")
+    if clocks:
+        print(clocks + "\n")
     peers = sorted(out.glob("peer-*.json"))
     if peers:
         print("## Peers, batch 1, same GPU (peer-bench recipe: 125 frames, 40 text tokens, random weights)\n")
