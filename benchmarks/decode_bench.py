@@ -276,7 +276,9 @@ def main() -> None:
                          "frames_per_s": round(b / ms * 1e3, 1), "x_realtime_per_stream": round(1e3 / ms / 12.5, 2),
                          "setup_s": round(setup, 1)})
             if args.split and variant != "eager":
-                rows[-1]["split_ms"] = split_step(runner, b)
+                parts = split_step(runner, b)
+                parts["rest"] = round(ms - parts["talker"] - parts["code0"] - parts["code_predictor"], 3)
+                rows[-1]["split_ms"] = parts
             print(json.dumps(rows[-1]), flush=True)
         if args.profile and variant != "graph":
             for b in (batches[0], batches[-1]):
@@ -292,9 +294,8 @@ def main() -> None:
               "  of which draws  rest")
         for r in split:
             p = r["split_ms"]
-            rest = r["ms_per_frame"] - p["talker"] - p["code0"] - p["code_predictor"]
             print(f"{r['variant']:8s} {r['batch']:5d} {r['ms_per_frame']:6.2f} {p['talker']:7.2f} {p['code0']:6.2f} "
-                  f"{p['code_predictor']:15.2f} {p['draws']:15.2f} {rest:5.2f}")
+                  f"{p['code_predictor']:15.2f} {p['draws']:15.2f} {p['rest']:5.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

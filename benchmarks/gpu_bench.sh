@@ -129,7 +129,8 @@ EOF
       --noise-graph 48 2>&1 | grep -v "^W[0-9]" | tail -2 | tee "$OUT/staged-admission-check.txt"
     say decode
     python3 benchmarks/decode_bench.py --model "$(checkpoint custom_voice)" --json "$OUT/decode.json" \
-      --profile "$OUT/profile.txt" --split ${DECODE_ARGS:-} 2>&1 | grep --line-buffered -v "^W[0-9]" | tee "$OUT/decode.log"
+      --profile "$OUT/profile.txt" --split ${DECODE_ARGS:-} 2>&1 | grep --line-buffered -v "^W[0-9]" \
+      | tee "$OUT/decode.log"
     ;;
   codec)
     say "codec graphs against eager"

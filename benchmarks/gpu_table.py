@@ -98,9 +98,9 @@ def main() -> None:
             print("|---" * 8 + "|")
             for r in split:
                 p = r["split_ms"]
-                rest = r["ms_per_frame"] - p["talker"] - p["code0"] - p["code_predictor"]
+                rest = f"{p['rest']:.2f}" if "rest" in p else "-"  # session 42's raw decode.json has none
                 print(f"| {r['variant']} | {r['batch']} | {r['ms_per_frame']:.2f} | {p['talker']:.2f} | "
-                      f"{p['code0']:.2f} | {p['code_predictor']:.2f} | {p['draws']:.2f} | {rest:.2f} |")
+                      f"{p['code0']:.2f} | {p['code_predictor']:.2f} | {p['draws']:.2f} | {rest} |")
             print()
     summaries = sorted(runs.glob("*/summary.json")) if runs.exists() else []
     if summaries:

@@ -21,11 +21,11 @@ def decode_row(batch: int, ms: float, split: dict | None = None) -> dict:
 
 
 def test_a_split_decode_run_gets_the_parts_table_with_the_rest_of_each_frame(tmp_path):
-    split = {"talker": 1.24, "code0": 0.02, "code_predictor": 3.12, "draws": 0.13}
+    split = {"talker": 1.24, "code0": 0.02, "code_predictor": 3.12, "draws": 0.13, "rest": 0.04}
     (tmp_path / "decode.json").write_text(json.dumps({"rows": [decode_row(32, 4.42, split)]}))
     out = table(tmp_path)
     assert "| 32 | 38 | 4.42 | 1.16 |" in out
-    assert "| compile | 32 | 4.42 | 1.24 | 0.02 | 3.12 | 0.13 | 0.04 |" in out  # rest = 4.42 - 1.24 - 0.02 - 3.12
+    assert "| compile | 32 | 4.42 | 1.24 | 0.02 | 3.12 | 0.13 | 0.04 |" in out
 
 
 def test_a_decode_run_without_the_split_has_no_parts_table(tmp_path):

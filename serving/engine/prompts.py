@@ -168,8 +168,9 @@ def as_torchscript(module: nn.Module) -> torch.jit.ScriptModule:
     voice took ~40-50 ms under load against ~19 alone, ~20 voices a second (docs/performance.md). TorchScript runs
     the whole network with the interpreter let go, the same operators, and the same parameters (shared, not
     copied). On an H100 beside two threads of small launches: 40.3 new voices a second against 21.4 in Python, and
-    four threads sharing the networks (the engine's VOICE_THREADS) reach 142.8 (docs/performance.md). torch.jit.script warns that it is deprecated
-    (PyTorch 2.13); it still ships and is what releases the interpreter for a whole call without a compile step per
+    four threads sharing the networks (the engine's VOICE_THREADS) reach 142.8 (docs/performance.md).
+    torch.jit.script warns that it is deprecated (PyTorch 2.13); it still ships and is what releases the interpreter
+    for a whole call without a compile step per
     length."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.* is deprecated")
