@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_bench.sh [stages]        default stages: env decode codec serve peers table
 #
-#   env     versions, GPU, which of our dependencies import
+#   env     versions, GPU, host CPU, which of our dependencies import
 #   decode  benchmarks/staged_admission_check.py first (an admission staged into the next step against one prefilled
 #           after it: staged-admission-check.txt), then benchmarks/decode_bench.py: ms per frame by batch size
 #           (eager / graphs / compiled + graphs) vs the HBM floor, each frame's parts alone (talker, code 0, code
@@ -109,6 +109,10 @@ for stage in $STAGES; do
   env)
     say env
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/env.txt"
+    # the host runs the server's loop, its talker thread's launches and the client: a slower one slows the levels of
+    # many streams with the GPU's clocks unchanged (gpu_table.py prints this line beside the clocks)
+    echo "host: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs," \
+      "$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)" | tee -a "$OUT/env.txt"
     echo "text vocabulary: ${TEXT_VOCAB:-the small trained BPE}" | tee -a "$OUT/env.txt"
     python3 - <<'EOF' 2>&1 | tee -a "$OUT/env.txt"
 import importlib, platform, torch

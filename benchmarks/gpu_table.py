@@ -2,8 +2,8 @@
 
     python benchmarks/gpu_table.py OUT_DIR [RUNS_DIR]
 
-Reads OUT_DIR/decode.json, RUNS_DIR/*/summary.json and engine_phases.json (default OUT_DIR/runs) and
-OUT_DIR/peer-*.json. The floor
+Reads OUT_DIR/decode.json, RUNS_DIR/*/summary.json, engine_phases.json and server_timeline.json (default
+OUT_DIR/runs), OUT_DIR/env.txt, gpu-clocks.csv and peer-*.json. The floor
 of a served row is the decode floor at the nearest measured batch: frames per second the HBM allows at that
 batch (rows x copy bandwidth / bytes per frame), as audio seconds per second.
 """
@@ -72,6 +72,41 @@ def clocks_summary(path: Path) -> str | None:
             f" MHz, lowest {busy[0]:.0f}; slowdowns: {marks}")
 
 
+def level_order(path: Path) -> tuple:
+    """A run directory (TASK-SET-cC, as gpu_bench.sh names them) in the served table's order: task, set, C."""
+    name, _, c = path.parent.name.rpartition("-c")
+    return (name, int(c)) if c.isdigit() else (path.parent.name, 0)
+
+
+def pace_summary(timeline: dict) -> str | None:
+    """A level's steps through its time (request_timeline.py's pace, in slices of the level) as one table row's
+    cells: ms a step in the first slice, the median slice and the slowest full one (the last slice is the
+    level's tail, few rows), the rows they ran, and the prompts an admission took after the first wave. A level
+    whose steps slow as it goes (session 43: 1.7B, 128 streams of short text, 9.4 ms a step in its first slice,
+    ~16 from the fourth on, with admissions half as frequent and half again as large) shows it here, where its
+    throughput alone does not say whether the steps or the machine's start did it."""
+    slices = timeline.get("pace") or []
+    if not slices:
+        return None
+    full = slices[:-1] or slices
+    steps = sorted(s["ms_per_step"] for s in full)
+    later = timeline.get("later", {}).get("batches", {}).get("prefill_batch", {})
+    per_admission = f"{later['mean']:.1f}" if "mean" in later else "-"
+    return (f"{slices[0]['ms_per_step']:.1f} | {steps[len(steps) // 2]:.1f} | {steps[-1]:.1f} | "
+            f"{sum(s['rows'] for s in full) / len(full):.0f} | {per_admission}")
+
+
+def machine_summary(path: Path) -> str | None:
+    """One line on the machine from gpu_bench.sh's env.txt: the GPU (name, memory, driver, top SM clock) and the
+    host's CPU. The server's loop, its talker thread's launches and the client all run on the host, so a slower
+    host slows the levels of many streams while the GPU's clocks look the same (session 43)."""
+    if not path.exists():
+        return None
+    lines = path.read_text().splitlines()
+    host = next((line for line in lines if line.startswith("host:")), "host: not recorded")
+    return f"Machine: {lines[0] if lines else '?'}; {host}"
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     runs = Path(sys.argv[2]) if len(sys.argv) > 2 else out / "runs"
@@ -102,7 +137,7 @@ def main() -> None:
                 print(f"| {r['variant']} | {r['batch']} | {r['ms_per_frame']:.2f} | {p['talker']:.2f} | "
                       f"{p['code0']:.2f} | {p['code_predictor']:.2f} | {p['draws']:.2f} | {rest} |")
             print()
-    summaries = sorted(runs.glob("*/summary.json")) if runs.exists() else []
+    summaries = sorted(runs.glob("*/summary.json"), key=level_order) if runs.exists() else []
     if summaries:
         print("## Served (ttsbench run over loopback, streaming PCM)\n")
         print("| task | set | c | ok | failed | TTFAB p50 ms | TTFAB p95 ms | RTF p50 | x real time per stream p50 | "
@@ -141,9 +176,20 @@ def main() -> None:
                       + f" | {padding(phases.get('codec_frames'))} | "
                       + " | ".join(str(counted[e]) if e in counted else "-" for e in events) + " |")
             print()
-    clocks = clocks_summary(out / "gpu-clocks.csv")
-    if clocks:
-        print(clocks + "\n")
+        paced = [(path.parent.name, pace_summary(json.loads((path.parent / "server_timeline.json").read_text())))
+                 for path in summaries if (path.parent / "server_timeline.json").exists()]
+        paced = [(label, cells) for label, cells in paced if cells]
+        if paced:
+            print("## Steps through each level (benchmarks/request_timeline.py's pace: the level in slices of time)\n")
+            print("| run | ms a step, first slice | median slice | slowest slice | rows (mean) | "
+                  "prompts an admission (after the first wave) |")
+            print("|---" * 6 + "|")
+            for label, cells in paced:
+                print(f"| {label} | {cells} |")
+            print()
+    for line in (machine_summary(out / "env.txt"), clocks_summary(out / "gpu-clocks.csv")):
+        if line:
+            print(line + "\n")
     peers = sorted(out.glob("peer-*.json"))
     if peers:
         print("## Peers, batch 1, same GPU (peer-bench recipe: 125 frames, 40 text tokens, random weights)\n")

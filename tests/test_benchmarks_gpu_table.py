@@ -2,6 +2,7 @@
 decode_bench.py --split timed a frame's parts alone, where a frame's time goes (issue 7's per-frame breakdown)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,64 @@ def test_the_table_has_the_clocks_line_when_the_run_sampled_them(tmp_path):
     (tmp_path / "gpu-clocks.csv").write_text("timestamp, sm, mem, power, temp, reasons\n"
                                              "2026/11/27 18:49:22.429, 1980 MHz, 2619 MHz, 420 W, 60, 0x0\n")
     assert "GPU clocks (nvidia-smi every 2 s): 1 busy samples, SM clock median 1980 MHz" in table(tmp_path)
+
+
+def served_run(runs: Path, label: str, c: int, pace: list[float] | None = None, per_admission: float = 6.5) -> None:
+    """A run directory as gpu_bench.sh leaves it: summary.json, and with `pace` (ms a step by slice) the
+    server_timeline.json request_timeline.py writes."""
+    task, set_ = label.split("-")
+    run = runs / f"{label}-c{c}"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"rows": [
+        {"task": task, "set": set_, "concurrency": c, "completed": 4 * c, "failed": 0, "rtf_median": 0.1,
+         "audio_throughput": 3.0 * c}]}))
+    if pace is not None:
+        slices = [{"from_s": i * 0.5, "to_s": (i + 1) * 0.5, "rows": c - 1 - (i == len(pace) - 1) * c // 4,
+                   "frames_per_s": c / ms * 1e3, "ms_per_step": ms} for i, ms in enumerate(pace)]
+        (run / "server_timeline.json").write_text(json.dumps({
+            "first wave": {"n": c, "steps": {}, "batches": {"prefill_batch": {"mean": c - 1.0, "max": c - 1}}},
+            "later": {"n": 3 * c, "steps": {}, "batches": {"prefill_batch": {"mean": per_admission, "max": 20}}},
+            "admissions": [], "pace": slices}))
+
+
+def test_each_level_s_steps_through_its_time_first_median_and_slowest_slice_in_level_order(tmp_path):
+    """A level whose steps slow as it goes (1.7B at 128 streams of short text, session 43) shows its first slice's
+    pace against the median and slowest of its full slices (the last, the level's tail, left out), with the prompts
+    an admission took after the first wave; rows come in task, set and concurrency order (c=8 before c=128), and a
+    level without a timeline has no row."""
+    runs = tmp_path / "runs"
+    served_run(runs, "custom-short", 128, [9.4, 12.5, 16.2, 17.0, 15.9, 15.9, 9.0], per_admission=10.0)
+    served_run(runs, "custom-short", 8, [5.4, 5.4, 5.6, 5.3])
+    served_run(runs, "custom-long", 32)
+    out = table(tmp_path)
+    assert "| custom-short-c128 | 9.4 | 15.9 | 17.0 | 127 | 10.0 |" in out
+    assert "| custom-short-c8 | 5.4 | 5.4 | 5.6 | 7 | 6.5 |" in out
+    assert out.index("| custom-short-c8 |") < out.index("| custom-short-c128 |")
+    served = out.split("## Served")[1]
+    assert served.index("| custom | long | 32 |") < served.index("| custom | short | 8 |") \
+        < served.index("| custom | short | 128 |")
+    assert "| custom-long-c32 |" not in out.split("## Steps through each level")[1]
+
+
+def test_the_machine_line_names_the_gpu_and_the_host_where_env_recorded_it(tmp_path):
+    from benchmarks.gpu_table import machine_summary
+
+    assert machine_summary(tmp_path / "env.txt") is None
+    (tmp_path / "env.txt").write_text("NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04, 1980 MHz\n"
+                                      "host: Intel(R) Xeon(R) Platinum 8480+, 16 CPUs, 126 GiB\n"
+                                      "text vocabulary: /tmp/gpu_bench_work/qwen.tiktoken\n")
+    assert ("Machine: NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04, 1980 MHz; host: Intel(R) Xeon(R) Platinum "
+            "8480+, 16 CPUs, 126 GiB") in table(tmp_path)
+    (tmp_path / "env.txt").write_text("NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04, 1980 MHz\n")  # before s43
+    assert machine_summary(tmp_path / "env.txt").endswith("; host: not recorded")
+
+
+def test_gpu_bench_s_env_stage_writes_the_host_line_the_table_reads(tmp_path):
+    """The env stage's host line, run as gpu_bench.sh runs it (lscpu, nproc, /proc/meminfo), is one the machine
+    line picks up."""
+    script = (ROOT / "benchmarks" / "gpu_bench.sh").read_text()
+    start = script.index('    echo "host:')
+    command = script[start:script.index("\n", script.index('tee -a "$OUT/env.txt"', start))]
+    subprocess.run(["bash", "-c", f"OUT={tmp_path}; {command}"], check=True, capture_output=True)
+    (line,) = (tmp_path / "env.txt").read_text().splitlines()
+    assert line.startswith("host: ") and f", {len(os.sched_getaffinity(0))} CPUs, " in line and line.endswith(" GiB")
