@@ -30,7 +30,7 @@
 # benchmarks/codec_stub: the talker's ceiling, and by difference the codec's cost), RUN_ARGS (extra `ttsbench
 # run` options, e.g. --clone-mode fresh: a new voice per clone request), DECODE_ARGS,
 # CODEC_DTYPES, CODEC_ARGS, PEER_STAGES (fastB official), WHEELS (folder of wheels to install first; default
-# .peer-bench/whl/common),
+# .peer-bench/whl/common; benchmarks/device_wheels.sh fills one),
 # TEXT_VOCAB (tiktoken ranks of the checkpoints' text tokenizer; default: Qwen's qwen.tiktoken out of a dashscope
 # wheel in WHEELS (`pip download dashscope --no-deps`), else, or with TEXT_VOCAB=small, the small trained BPE of
 # the earlier passes, whose prompts are ~3x too long), PYSPY (seconds, at most, of a py-spy profile of the server
