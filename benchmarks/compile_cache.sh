@@ -9,7 +9,9 @@
 #
 #   source benchmarks/compile_cache.sh        # exports TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR (unless set)
 #                                             # under $COMPILE_CACHE_DIR; seeds them from $COMPILE_CACHE (a .tar.xz
-#                                             # this wrote) when the folder is not there yet
+#                                             # this wrote): into a fresh folder, or into one a warm machine has
+#                                             # filled since, the entries it lacks (never one compiled there), once
+#                                             # per archive
 #   bash benchmarks/compile_cache.sh pack F   # packs the folder into F (.tar.xz); say its size
 #
 # gpu_bench.sh sources it (its `cache` stage packs into $OUT/compile-cache.tar.xz), and so does gpu_ab.sh, so a
@@ -18,14 +20,19 @@ COMPILE_CACHE_DIR=${COMPILE_CACHE_DIR:-/tmp/gpu_bench_work/cache}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$COMPILE_CACHE_DIR/triton}
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$COMPILE_CACHE_DIR/inductor}
 
+# A machine that compiled part of a run before its call ended (session 43: a clone server still compiling at the
+# call's limit) keeps that in the folder; an archive packed on another machine since holds the rest, so both count.
 compile_cache_seed() {
   [ -n "${COMPILE_CACHE:-}" ] || return 0
   if [ ! -f "$COMPILE_CACHE" ]; then
-    echo "COMPILE_CACHE=$COMPILE_CACHE: no such file; compiling from nothing"
-  elif [ ! -d "$COMPILE_CACHE_DIR" ]; then
-    mkdir -p "$COMPILE_CACHE_DIR" && tar -xJf "$COMPILE_CACHE" -C "$COMPILE_CACHE_DIR" \
-      && echo "compile caches seeded from $COMPILE_CACHE ($(du -sm "$COMPILE_CACHE_DIR" | cut -f1) MB)"
+    echo "COMPILE_CACHE=$COMPILE_CACHE: no such file; compiling from nothing"; return 0
   fi
+  local stamp
+  stamp=$(cksum < "$COMPILE_CACHE" | cut -d' ' -f1)
+  [ "$(cat "$COMPILE_CACHE_DIR/.seeded" 2>/dev/null)" = "$stamp" ] && return 0  # this archive is in already
+  mkdir -p "$COMPILE_CACHE_DIR" && tar -xJf "$COMPILE_CACHE" --skip-old-files -C "$COMPILE_CACHE_DIR" \
+    && echo "$stamp" > "$COMPILE_CACHE_DIR/.seeded" \
+    && echo "compile caches seeded from $COMPILE_CACHE ($(du -sm "$COMPILE_CACHE_DIR" | cut -f1) MB)"
 }
 
 compile_cache_pack() {
@@ -33,7 +40,7 @@ compile_cache_pack() {
   if [ ! -d "$COMPILE_CACHE_DIR" ]; then
     echo "no compile caches in $COMPILE_CACHE_DIR to pack"; return 1
   fi
-  tar -cJf "$dest" -C "$COMPILE_CACHE_DIR" . || return 1
+  XZ_OPT=${XZ_OPT:--T0} tar -cJf "$dest" --exclude ./.seeded -C "$COMPILE_CACHE_DIR" . || return 1  # every core
   echo "packed $(du -sm "$COMPILE_CACHE_DIR" | cut -f1) MB of compile caches into $dest ($(du -k "$dest" | cut -f1) KiB)"
 }
 

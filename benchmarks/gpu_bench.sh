@@ -38,7 +38,8 @@
 # WHEELS: `pip download py-spy --no-deps --only-binary=:all: --platform manylinux2014_x86_64`; the raw profile
 # goes in the level's run directory as pyspy.txt and benchmarks/pyspy_summary.py prints where each thread's time
 # went), COMPILE_CACHE (a compile-cache.tar.xz of an earlier run: seeds Triton's and Inductor's caches on a fresh
-# machine, whose first server otherwise compiles for ~190 s; benchmarks/compile_cache.sh).
+# machine, whose first server otherwise compiles for ~190-330 s, and adds what a warm one lacks;
+# benchmarks/compile_cache.sh; pack one from the first call of a session on: the `cache` stage).
 # Results: $OUT/table.md, $OUT/decode.log, and $OUT/raw.tgz (env, decode.json, kernel profiles, server logs and /health,
 # runs.tgz: the run directories without audio, peer JSON, gpu-clocks.csv: nvidia-smi every 2 s through the run).
 set -u
