@@ -2,7 +2,8 @@
 against the HBM floor (weights read once per frame, plus each row's KV cache), on one GPU.
 
     python benchmarks/decode_bench.py --model DIR [--batches 1,8,32,64,128] [--variants eager,graph,compile]
-        [--context 120] [--steps 30] [--json OUT.json] [--profile OUT.txt] [--tiles TILES.json]
+        [--context 120] [--steps 30] [--json OUT.json] [--profile OUT.txt] [--tiles TILES.json] [--split]
+        [--prompt-rows 256,512,1024 [--prompt-length 18]]
 
 DIR is a checkpoint directory (random weights are used: --load-format dummy, so only its configs are read).
 A frame here is what the engine's decode_step does: code 0 + 15 code-predictor passes + 16 draws + the next
@@ -125,6 +126,36 @@ def split_step(runner, batch: int, replays: int = 100) -> dict:
         return {name: round(us_per_call(lambda _: part(), 1, replays) / 1e3, 3) for name, part in parts.items()}
 
 
+def stage_prompts(runner, batch: int, rows: int, length: int) -> int:
+    """Stage prompts of `length` positions (random inputs) for a step of `batch` rows to carry as prompt rows, as many
+    as fill `rows` whole, through the engine's own layout (TalkerRunner._stage_prompt_rows: the slots' rows in
+    turn, padding rows continuing the last prompt); returns the rows the step carries (0: it carries none)."""
+    from types import SimpleNamespace
+
+    hidden = runner.talker.cfg.transformer.hidden_size
+    staged = [(i % batch, None, SimpleNamespace(prefill=torch.randn(length, hidden, device=runner.device)))
+              for i in range(max(1, rows // length))]
+    return runner._stage_prompt_rows(staged, batch)
+
+
+def prompt_rows_step(runner, batch: int, sizes: list[int], length: int, replays: int = 50) -> dict:
+    """ms of the talker's pass at `batch` rows alone and carrying each of `sizes` prompt rows (prompts of `length`
+    positions), each captured alone as a CUDA graph and replayed: what an admission's prompts add to the step that
+    carries them (TalkerRunner.stage, STEP_PROMPT_ROWS), against the same pass's frame. The prompts' keys land in
+    the batch's own slots: the timing needs no free ones, and fill() writes every row anew before the next batch."""
+    from graph_timing import us_per_call
+
+    kv_len = max(runner.lengths[:batch]) + 1
+    torch.cuda.synchronize()
+    with torch.inference_mode():
+        times = {0: us_per_call(lambda _: runner._talker(batch, kv_len), 1, replays) / 1e3}
+        for size in sizes:
+            rows = stage_prompts(runner, batch, size, length)
+            if rows:
+                times[rows] = us_per_call(lambda _: runner._talker(batch, kv_len, rows), 1, replays) / 1e3
+    return {str(rows): round(ms, 3) for rows, ms in times.items()}
+
+
 def profile_step(runner, label: str, batch: int, path: str) -> None:
     """Kernel count and time by kernel name of steps run outside graphs (graphs hide their kernels from the
     profiler); the kernels are the ones a graph replays, without the launch gaps between them."""
@@ -225,6 +256,11 @@ def main() -> None:
     ap.add_argument("--profile", help="append per-kernel profiles of eager steps to this file")
     ap.add_argument("--split", action="store_true",
                     help="also time each part of a frame alone (split_step): talker, code 0, code predictor, draws")
+    ap.add_argument("--prompt-rows", default="",
+                    help="also time the talker's pass carrying these many prompt rows (e.g. 256,512,1024; "
+                         "prompt_rows_step), at each batch whose steps carry prompts")
+    ap.add_argument("--prompt-length", type=int, default=18,
+                    help="positions of each carried prompt (custom voice, short text: ~18; voice clone: ~65)")
     ap.add_argument("--tiles", help="JSON of tiles for the fused code-predictor layers, by role "
                                     "(fused_layers_bench.py --json), instead of triton_layers._TILES")
     args = ap.parse_args()
@@ -279,6 +315,10 @@ def main() -> None:
                 parts = split_step(runner, b)
                 parts["rest"] = round(ms - parts["talker"] - parts["code0"] - parts["code_predictor"], 3)
                 rows[-1]["split_ms"] = parts
+            if args.prompt_rows and variant != "eager" and runner.takes_prompts(b):
+                rows[-1]["prompt_length"] = args.prompt_length
+                rows[-1]["prompt_rows_ms"] = prompt_rows_step(
+                    runner, b, [int(n) for n in args.prompt_rows.split(",")], args.prompt_length)
             print(json.dumps(rows[-1]), flush=True)
         if args.profile and variant != "graph":
             for b in (batches[0], batches[-1]):
@@ -296,6 +336,13 @@ def main() -> None:
             p = r["split_ms"]
             print(f"{r['variant']:8s} {r['batch']:5d} {r['ms_per_frame']:6.2f} {p['talker']:7.2f} {p['code0']:6.2f} "
                   f"{p['code_predictor']:15.2f} {p['draws']:15.2f} {p['rest']:5.2f}")
+    carried = [r for r in rows if "prompt_rows_ms" in r]
+    if carried:
+        print("\nthe talker's pass carrying prompt rows, ms (prompts of --prompt-length positions)\nvariant  batch  "
+              "prompt rows: ms")
+        for r in carried:
+            print(f"{r['variant']:8s} {r['batch']:5d}  " + "  ".join(f"{n}: {ms:.2f}"
+                                                                  for n, ms in r["prompt_rows_ms"].items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

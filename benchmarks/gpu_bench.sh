@@ -7,7 +7,8 @@
 #   decode  benchmarks/staged_admission_check.py first (an admission staged into the next step against one prefilled
 #           after it: staged-admission-check.txt), then benchmarks/decode_bench.py: ms per frame by batch size
 #           (eager / graphs / compiled + graphs) vs the HBM floor, each frame's parts alone (talker, code 0, code
-#           predictor, draws: --split), and per-kernel profiles of eager steps
+#           predictor, draws: --split), the talker's pass carrying an admission's prompt rows (--prompt-rows), and
+#           per-kernel profiles of eager steps
 #   codec   benchmarks/codec_graph_check.py first (the graph runner's samples and states against the eager
 #           runner's: codec-graph-check.txt), then
 #           benchmarks/codec_graph_bench.py: codec call time per (batch, frames) bucket, eager vs CUDA graph, and
@@ -134,8 +135,8 @@ EOF
       --noise-graph 48 2>&1 | grep -v "^W[0-9]" | tail -2 | tee "$OUT/staged-admission-check.txt"
     say decode
     python3 benchmarks/decode_bench.py --model "$(checkpoint custom_voice)" --json "$OUT/decode.json" \
-      --profile "$OUT/profile.txt" --split ${DECODE_ARGS:-} 2>&1 | grep --line-buffered -v "^W[0-9]" \
-      | tee "$OUT/decode.log"
+      --profile "$OUT/profile.txt" --split --prompt-rows 128,256,512,1024 ${DECODE_ARGS:-} 2>&1 \
+      | grep --line-buffered -v "^W[0-9]" | tee "$OUT/decode.log"
     ;;
   codec)
     say "codec graphs against eager"

@@ -137,6 +137,19 @@ def main() -> None:
                 print(f"| {r['variant']} | {r['batch']} | {r['ms_per_frame']:.2f} | {p['talker']:.2f} | "
                       f"{p['code0']:.2f} | {p['code_predictor']:.2f} | {p['draws']:.2f} | {rest} |")
             print()
+        carried = [r for r in decode if "prompt_rows_ms" in r]
+        if carried:
+            sizes = sorted({int(n) for r in carried for n in r["prompt_rows_ms"]} - {0})
+            print("## What an admission's prompt rows add to the talker's pass (decode_bench.py --prompt-rows), ms\n")
+            print("| variant | batch | prompt positions | alone | " + " | ".join(f"+{n} rows" for n in sizes) + " |")
+            print("|---" * (4 + len(sizes)) + "|")
+            for r in carried:
+                ms = r["prompt_rows_ms"]
+                alone = ms["0"]
+                print(f"| {r['variant']} | {r['batch']} | {r['prompt_length']} | {alone:.2f} | "
+                      + " | ".join(f"{ms[str(n)]:.2f} (+{ms[str(n)] - alone:.2f})" if str(n) in ms else "-"
+                                   for n in sizes) + " |")
+            print()
     summaries = sorted(runs.glob("*/summary.json"), key=level_order) if runs.exists() else []
     if summaries:
         print("## Served (ttsbench run over loopback, streaming PCM)\n")

@@ -123,3 +123,17 @@ def test_gpu_bench_s_env_stage_writes_the_host_line_the_table_reads(tmp_path):
     subprocess.run(["bash", "-c", f"OUT={tmp_path}; {command}"], check=True, capture_output=True)
     (line,) = (tmp_path / "env.txt").read_text().splitlines()
     assert line.startswith("host: ") and f", {len(os.sched_getaffinity(0))} CPUs, " in line and line.endswith(" GiB")
+
+
+def test_a_decode_run_with_prompt_rows_gets_what_they_add_to_the_talker_s_pass(tmp_path):
+    """decode_bench.py --prompt-rows: each batch's talker pass alone and carrying each size of prompt rows, with what
+    they add; a size a batch did not carry is '-'."""
+    rows = [decode_row(32, 4.42) | {"prompt_length": 18, "prompt_rows_ms": {"0": 1.24, "256": 1.9, "1024": 3.75}},
+            decode_row(128, 5.33) | {"prompt_length": 18, "prompt_rows_ms": {"0": 1.84, "256": 2.6}}]
+    (tmp_path / "decode.json").write_text(json.dumps({"rows": rows}))
+    out = table(tmp_path)
+    assert "| variant | batch | prompt positions | alone | +256 rows | +1024 rows |" in out
+    assert "| compile | 32 | 18 | 1.24 | 1.90 (+0.66) | 3.75 (+2.51) |" in out
+    assert "| compile | 128 | 18 | 1.84 | 2.60 (+0.76) | - |" in out
+    (tmp_path / "decode.json").write_text(json.dumps({"rows": [decode_row(32, 4.42)]}))
+    assert "prompt rows add" not in table(tmp_path)
