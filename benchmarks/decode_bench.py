@@ -141,7 +141,7 @@ def stage_prompts(runner, batch: int, rows: int, length: int) -> int:
 def prompt_rows_step(runner, batch: int, sizes: list[int], length: int, replays: int = 50) -> dict:
     """ms of the talker's pass at `batch` rows alone and carrying each of `sizes` prompt rows (prompts of `length`
     positions), each captured alone as a CUDA graph and replayed: what an admission's prompts add to the step that
-    carries them (TalkerRunner.stage, STEP_PROMPT_ROWS), against the same pass's frame. The prompts' keys land in
+    carries them (TalkerRunner.stage, STEP_PROMPT_ROWS), against the pass alone (key '0'). The prompts' keys land in
     the batch's own slots: the timing needs no free ones, and fill() writes every row anew before the next batch."""
     from graph_timing import us_per_call
 
