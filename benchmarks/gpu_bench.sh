@@ -33,10 +33,10 @@
 # CODEC_DTYPES, CODEC_ARGS, PEER_STAGES (fastB official), WHEELS (folder of wheels to install first; default
 # .peer-bench/whl/common; benchmarks/device_wheels.sh fills one),
 # TEXT_VOCAB (tiktoken ranks of the checkpoints' text tokenizer; default: Qwen's qwen.tiktoken out of a dashscope
-# wheel in WHEELS (`pip download dashscope --no-deps`), else, or with TEXT_VOCAB=small, the small trained BPE of
+# wheel in WHEELS (benchmarks/device_wheels.sh), else, or with TEXT_VOCAB=small, the small trained BPE of
 # the earlier passes, whose prompts are ~3x too long), PYSPY (seconds, at most, of a py-spy profile of the server
 # through each serve level, threads and idle ones included, stopped when the level ends; needs a py-spy wheel in
-# WHEELS: `pip download py-spy --no-deps --only-binary=:all: --platform manylinux2014_x86_64`; the raw profile
+# WHEELS (benchmarks/device_wheels.sh); the raw profile
 # goes in the level's run directory as pyspy.txt and benchmarks/pyspy_summary.py prints where each thread's time
 # went), COMPILE_CACHE (a compile-cache.tar.xz of an earlier run: seeds Triton's and Inductor's caches on a fresh
 # machine, whose first server otherwise compiles for ~190-330 s, and adds what a warm one lacks;

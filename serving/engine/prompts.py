@@ -170,8 +170,7 @@ def as_torchscript(module: nn.Module) -> torch.jit.ScriptModule:
     copied). On an H100 beside two threads of small launches: 40.3 new voices a second against 21.4 in Python, and
     four threads sharing the networks (the engine's VOICE_THREADS) reach 142.8 (docs/performance.md).
     torch.jit.script warns that it is deprecated (PyTorch 2.13); it still ships and is what releases the interpreter
-    for a whole call without a compile step per
-    length."""
+    for a whole call without a compile step per length."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.* is deprecated")
         return torch.jit.script(module)
