@@ -166,11 +166,13 @@ def main() -> None:
                 return fmt.format(r[key]) if r.get(key) is not None else "-"
             rtf = r.get("rtf_median")
             floor = floor_audio_per_s(decode, r["concurrency"] or 1)
+            speed = f"{1 / rtf:.1f}" if rtf else "-"
+            floor_cell = f"{floor:.0f}" if floor else "-"
             print(f"| {r['task']} | {r['set']} | {r['concurrency']} | {r['completed']} | {r['failed']} | "
                   f"{f('ttfab_ms_median')} | {f('ttfab_ms_p95')} | {f('rtf_median', '{:.3f}')} | "
-                  f"{(1 / rtf) if rtf else float('nan'):.1f} | {f('full_load_ttfab_ms_median')} / {f('full_load_ttfab_ms_p95')} | "
+                  f"{speed} | {f('full_load_ttfab_ms_median')} / {f('full_load_ttfab_ms_p95')} | "
                   f"{f('audio_throughput')} | {f('full_load_audio_throughput')} | "
-                  f"{floor if floor else float('nan'):.0f} | {f('underrun_s_p95', '{:.3f}')} | {f('e2e_ms_median', '{:.0f}')} |")
+                  f"{floor_cell} | {f('underrun_s_p95', '{:.3f}')} | {f('e2e_ms_median', '{:.0f}')} |")
         print()
         phased = [(path.parent.name, json.loads((path.parent / "engine_phases.json").read_text()))
                   for path in summaries if (path.parent / "engine_phases.json").exists()]

@@ -101,6 +101,17 @@ def test_each_level_s_steps_through_its_time_first_median_and_slowest_slice_in_l
     assert "| custom-long-c32 |" not in out.split("## Steps through each level")[1]
 
 
+def test_a_served_row_without_a_decode_run_or_an_rtf_shows_a_dash_not_nan(tmp_path):
+    """The floor column needs decode.json (gpu_bench's decode stage), which a serve-only run lacks: such a row
+    says so with "-", as every other missing figure does; with a decode run beside it, the floor is filled in."""
+    served_run(tmp_path / "runs", "custom-short", 32)
+    row = next(line for line in table(tmp_path).splitlines() if line.startswith("| custom | short | 32 |"))
+    assert "nan" not in row and row.split(" | ")[12] == "-" and row.split(" | ")[8] == "10.0"
+    (tmp_path / "decode.json").write_text(json.dumps({"rows": [decode_row(32, 4.42)]}))
+    row = next(line for line in table(tmp_path).splitlines() if line.startswith("| custom | short | 32 |"))
+    assert row.split(" | ")[12] == f"{32 * 1e3 / 1.16 / 12.5:.0f}"
+
+
 def test_the_machine_line_names_the_gpu_and_the_host_where_env_recorded_it(tmp_path):
     from benchmarks.gpu_table import machine_summary
 
