@@ -19,6 +19,8 @@ STACKS = [
     ("11", "codec_0", ITEM + [DECODE, "CodecRunner._to_host (serving/engine/codec_stage.py:288)",
                               "wait_sleeping (serving/engine/cuda_graphs.py:35)"], 5),
     ("11", "codec_0", ITEM + [DECODE], 25),
+    ("11", "codec_0", ITEM + [DECODE, "wait_sleeping (serving/engine/cuda_graphs.py:35)",
+                              "sleep_until (serving/engine/cuda_graphs.py:41)"], 300),  # asleep, lock let go
     ("12", "talker_0", ITEM + ["Future.set_result (concurrent/futures/_base.py:540)"], 2),
     ("12", "talker_0", ITEM + ["TalkerRunner.launch (serving/engine/talker_stage.py:430)",
                                "upload (serving/model/transfer.py:13)"], 8),
@@ -37,20 +39,24 @@ def test_threads_active_samples_by_first_frame_of_ours_below_their_loop():
     assert len(stacks) == len(STACKS)  # the line of another shape is skipped
     rows = {r["thread"]: r for r in pyspy_summary.by_thread(stacks)}
     assert list(rows) == ["codec_0", "talker_0", "MainThread", "engine"]  # most active first
-    assert rows["codec_0"]["samples"] == 1000 and rows["codec_0"]["active"] == 100
-    assert rows["codec_0"]["where"] == [("CodecRunner.decode", 100)]
+    assert rows["codec_0"]["samples"] == 1300 and rows["codec_0"]["active"] == 400
+    assert rows["codec_0"]["interpreter"] == 100 / 1300  # its sleeps on a CUDA event are off the interpreter
+    assert rows["codec_0"]["where"] == [("CodecRunner.decode", 400)]
     assert rows["talker_0"]["where"] == [("TalkerRunner.launch", 8), ("(not ours: Future.set_result)", 2)]
     # below the event loop's turn, not the entry point of ours above it; a stack py-spy cut short keeps its leaf
     assert rows["MainThread"]["where"] == [("SpeechServer.speech", 3),
                                            ("(not ours: _SelectorSocketTransport.write)", 1)]
-    assert rows["engine"]["active"] == 0 and rows["engine"]["where"] == []
+    assert rows["engine"]["active"] == 0 and rows["engine"]["where"] == [] and rows["engine"]["interpreter"] == 0
+    # shares of the profile's time (its samples: the longest-lived thread's), not of each thread's own samples
+    assert rows["MainThread"]["interpreter"] == 4 / 1300 and rows["talker_0"]["interpreter"] == 10 / 1300
 
 
 def test_a_functions_samples_split_over_the_frames_below_it():
     stacks = pyspy_summary.parse(RAW)
     count, split = pyspy_summary.under(stacks, "CodecRunner.decode", depth=1)
-    assert count == 100
-    assert split == [("CodecRunner._to_host (serving/engine/codec_stage.py:287)", 70), ("(itself)", 25),
+    assert count == 400
+    assert split == [("wait_sleeping (serving/engine/cuda_graphs.py:35)", 300),
+                     ("CodecRunner._to_host (serving/engine/codec_stage.py:287)", 70), ("(itself)", 25),
                      ("CodecRunner._to_host (serving/engine/codec_stage.py:288)", 5)]
     assert pyspy_summary.under(stacks, "Nowhere.called") == (0, [])
 
@@ -62,8 +68,9 @@ def test_the_script_prints_the_table_and_refuses_a_file_without_stacks(tmp_path)
     run = subprocess.run([sys.executable, *script, str(profile), "--under", "CodecRunner.decode"], cwd=REPO,
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert "| codec_0 | 1000 | 100 | CodecRunner.decode 100 |" in run.stdout
-    assert "CodecRunner.decode: 100 samples" in run.stdout
+    assert "| codec_0 | 1300 | 400 | 0.08 | CodecRunner.decode 400 |" in run.stdout
+    assert "On the interpreter, all threads: 0.09 of the profile's time" in run.stdout
+    assert "CodecRunner.decode: 400 samples" in run.stdout
     empty = tmp_path / "empty.txt"
     empty.write_text("nothing here\n")
     run = subprocess.run([sys.executable, *script, str(empty)], cwd=REPO, capture_output=True, text=True)
