@@ -284,3 +284,25 @@ def test_a_voices_prompt_pieces_are_built_once_per_voice(base, monkeypatch):
     finally:
         with torch.no_grad():
             talker.model.codec_embedding.weight.div_(2.0)
+
+
+def test_a_keyed_voice_s_prompt_pieces_are_found_by_its_key_without_hashing_its_tensors(base, monkeypatch):
+    """Requests that carry their reference's key (the server's, of an uploaded voice or an inline clip) share that
+    voice's pieces by it: no SHA-1 of their x-vector and codes (~60 us a request at 128 streams of clones), the
+    same prompts as keyless requests build, and one entry per key and kind. The padded in-context body (a reference
+    longer than the text) is the same too."""
+    hidden, groups = base.cfg.talker.transformer.hidden_size, base.cfg.talker.num_code_groups
+    voices = [(torch.randn(hidden), torch.randint(0, 64, (30 + i, groups))) for i in range(2)]
+    def reqs(keyed: bool) -> list[SynthesisRequest]:
+        return [SynthesisRequest(text=f"Clone {i}.", task="voice_clone", language="english",
+                                 speaker_embedding=voices[i % 2][0].clone(), ref_codes=voices[i % 2][1].clone(),
+                                 ref_text="Said.", voice_key=f"inline:{i % 2}" if keyed else None) for i in range(4)]
+    keyless = type(base.prompts)(base.cfg, base.model.talker, base.prompts.tokenizer).build_many(reqs(False))
+    keyed_builder = type(base.prompts)(base.cfg, base.model.talker, base.prompts.tokenizer)
+    monkeypatch.setattr("serving.model.prompt.hashlib.sha1", lambda *_: pytest.fail("a keyed voice was hashed"))
+    keyed = keyed_builder.build_many(reqs(True))
+    memo = list(keyed_builder._voice_memo)
+    assert sorted((kind[0], key) for kind, key in memo) == [("codes", "inline:0"), ("codes", "inline:1"),
+                                                            ("header", "inline:0"), ("header", "inline:1")]
+    for a, b in zip(keyed, keyless):
+        assert a.prefill.shape[0] > 30 and torch.equal(a.prefill, b.prefill) and torch.equal(a.trailing, b.trailing)

@@ -112,7 +112,7 @@ class PromptBuilder:
             text=request.text, task=MODEL_TASKS[request.task], language=request.language,
             speaker=request.speaker, instruct=request.instructions, speaker_embedding=embedding,
             ref_codes=ref_codes, ref_text=request.ref_text if ref_codes is not None else None,
-            non_streaming_text=request.non_streaming_mode)
+            non_streaming_text=request.non_streaming_mode, voice_key=request.voice_key)
 
     def warm_up_requests(self, n: int) -> list[GenerationRequest]:
         """n requests of the checkpoint's task for a start-up admission (TalkerRunner.warmup): every speaker with

@@ -68,6 +68,9 @@ class SynthesisRequest:
     ref_codes: torch.Tensor | None = None  # [T_ref, G] int64
     ref_text: str | None = None
     non_streaming_text: bool | None = None  # None: the task's official default
+    # The reference's identity where the caller has one (the server's key of an uploaded voice or inline clip):
+    # the voice's prompt pieces are then looked up by it, not by a hash of speaker_embedding and ref_codes
+    voice_key: str | None = None
 
     @property
     def icl(self) -> bool:
@@ -194,16 +197,22 @@ class PromptBuilder:
         return torch.cat([self.talker.text_projection(weight[i:i + rows_per_pass])
                           for i in range(0, weight.shape[0], rows_per_pass)])
 
-    def _per_voice(self, kind: tuple, host: torch.Tensor, compute):
+    def _per_voice(self, kind: tuple, host: torch.Tensor, voice_key: str | None, compute):
         """A voice's piece of the prompt (the header around its x-vector, its reference codes' codec track),
-        kept per distinct value of `host` and `kind` (LRU of VOICE_MEMO_SIZE): the requests of one voice share it.
-        Per request, each was a copy from pageable host memory, which waits for the talker stream's queued work,
-        and a few (header) to ~18 (codes) small kernels: a first wave of 127 clones built its prompts in lock step
-        with the GPU. A tensor already on the device is used as it comes (hashing it would wait for the device)."""
-        if host.device.type != "cpu":
+        kept per voice and `kind` (LRU of VOICE_MEMO_SIZE): the requests of one voice share it. Per request, each
+        was a copy from pageable host memory, which waits for the talker stream's queued work, and a few (header)
+        to ~18 (codes) small kernels: a first wave of 127 clones built its prompts in lock step with the GPU.
+        The voice is its `voice_key` where the request has one, else the value of `host`: a SHA-1 of its bytes,
+        ~60 us a request at 128 streams of clones on an H100 host (py-spy, session 44), where the key is a
+        dictionary lookup. A tensor already on the device, and keyless, is used as it comes (hashing it would wait
+        for the device)."""
+        if voice_key is not None:
+            key = (kind, voice_key)
+        elif host.device.type != "cpu":
             return compute()
-        key = (kind, host.dtype, tuple(host.shape),
-               hashlib.sha1(host.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest())
+        else:
+            key = (kind, host.dtype, tuple(host.shape),
+                   hashlib.sha1(host.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest())
         value = self._voice_memo.get(key)
         if value is None:
             value = compute()
@@ -289,7 +298,7 @@ class PromptBuilder:
 
         if req.task == "voice_clone":
             dtype = talker.codec_head.weight.dtype
-            codec, head = self._per_voice(("header", *tags), req.speaker_embedding, lambda: header(
+            codec, head = self._per_voice(("header", *tags), req.speaker_embedding, req.voice_key, lambda: header(
                 req.speaker_embedding.to(self._device, dtype).view(1, 1, -1)))
         else:
             spk = t.spk_id[speaker] if req.task == "custom_voice" else None
@@ -315,7 +324,7 @@ class PromptBuilder:
     def _icl_body(self, req, text, ref, tts_pad, tts_eos, non_streaming):
         t, talker = self.cfg.talker, self.talker
         text_embed = torch.cat((ref, text[:, 3:-5], tts_eos), dim=1)
-        codec_embed = self._per_voice(("codes",), req.ref_codes, lambda: torch.cat(
+        codec_embed = self._per_voice(("codes",), req.ref_codes, req.voice_key, lambda: torch.cat(
             (self._codec([t.codec_bos_id]), talker.embed_frame(req.ref_codes.to(self._device))[None]), dim=1))
         text_len, codec_len = text_embed.shape[1], codec_embed.shape[1]
         if non_streaming:
@@ -323,5 +332,5 @@ class PromptBuilder:
             return body, tts_pad[:, :0]
         if text_len > codec_len:
             return text_embed[:, :codec_len] + codec_embed, text_embed[:, codec_len:]
-        padded = torch.cat([text_embed] + [tts_pad] * (codec_len - text_len), dim=1)
+        padded = torch.cat((text_embed, tts_pad.expand(-1, codec_len - text_len, -1)), dim=1)
         return padded + codec_embed, tts_pad[:, :0]
